@@ -1,0 +1,48 @@
+"""toolfleet's orchestrator side: the agent loop stays local, tool calls go to workers.
+
+Example::
+
+    from langchain.agents import create_agent
+    from orchestrator import CeleryToolMiddleware, discover_tools
+
+    agent = create_agent(model, discover_tools(), middleware=[CeleryToolMiddleware()])
+"""
+
+from __future__ import annotations
+
+from orchestrator.discovery import RemoteTool, discover_tools
+from orchestrator.dispatch import CeleryDispatcher, Dispatcher, PreparedCall
+from orchestrator.fleet import dispatcher_for
+from orchestrator.middleware import CeleryToolMiddleware
+from orchestrator.node import RemoteToolNode
+from orchestrator.scripted import ScriptedChatModel
+from tool_workers.errors import (
+    ConfigError,
+    DispatchError,
+    ResultError,
+    ResultTimeout,
+    RunDeadlineExceeded,
+    ToolfleetError,
+    ToolLoadError,
+)
+from tool_workers.settings import Settings
+
+__all__ = [
+    "CeleryDispatcher",
+    "CeleryToolMiddleware",
+    "ConfigError",
+    "DispatchError",
+    "Dispatcher",
+    "PreparedCall",
+    "RemoteTool",
+    "RemoteToolNode",
+    "ResultError",
+    "ResultTimeout",
+    "RunDeadlineExceeded",
+    "ScriptedChatModel",
+    "Settings",
+    "ToolLoadError",
+    "ToolfleetError",
+    "discover_tools",
+    "dispatcher_for",
+]

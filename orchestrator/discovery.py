@@ -1,0 +1,110 @@
+"""Schema-only tools built from the registry: bind and call tools whose code is elsewhere."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from celery import Celery
+from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
+from langchain_core.tools import BaseTool, ToolException
+from pydantic import ConfigDict, Field
+
+from orchestrator.dispatch import Dispatcher, PreparedCall
+from orchestrator.fleet import dispatcher_for
+from tool_workers.protocol import ToolResult, ToolSpec, task_id_for
+from tool_workers.settings import Settings
+
+
+class RemoteTool(BaseTool):
+    """A tool that exists on the workers; here only its name, description and schema.
+
+    Bound to a model like any tool. Under :class:`~orchestrator.CeleryToolMiddleware` or
+    :class:`~orchestrator.RemoteToolNode` its calls never reach this object; invoked
+    directly, it dispatches the call to the workers itself.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    spec: ToolSpec
+    dispatcher: Any = Field(default=None, exclude=True)
+    response_format: str = "content_and_artifact"
+    handle_tool_error: bool = True
+
+    @classmethod
+    def from_spec(cls, spec: ToolSpec, dispatcher: Dispatcher | None = None) -> RemoteTool:
+        """A remote tool for a registry spec."""
+        return cls(
+            name=spec.name,
+            description=spec.description or spec.name,
+            args_schema=spec.parameters or {"type": "object", "properties": {}},
+            return_direct=spec.return_direct,
+            spec=spec,
+            dispatcher=dispatcher,
+        )
+
+    def _call(self, kwargs: dict[str, Any]) -> PreparedCall:
+        call_id = f"direct-{uuid.uuid4().hex}"
+        return PreparedCall(
+            tool=self.name,
+            call_id=call_id,
+            args=kwargs,
+            task_id=task_id_for(call_id),
+            queue=self.spec.queue,
+            spec=self.spec,
+        )
+
+    def _run(
+        self, *args: Any, run_manager: CallbackManagerForToolRun | None = None, **kwargs: Any
+    ) -> tuple[Any, Any]:
+        dispatcher = self.dispatcher or dispatcher_for()
+        return _unpack(dispatcher.wait(self._call(kwargs)))
+
+    async def _arun(
+        self, *args: Any, run_manager: AsyncCallbackManagerForToolRun | None = None, **kwargs: Any
+    ) -> tuple[Any, Any]:
+        dispatcher = self.dispatcher or dispatcher_for()
+        return _unpack(await dispatcher.wait_async(self._call(kwargs)))
+
+
+def _unpack(result: ToolResult) -> tuple[Any, Any]:
+    if result.status == "error":
+        raise ToolException(result.content)
+    return result.content, result.artifact
+
+
+def discover_tools(
+    app: Celery | None = None,
+    *,
+    settings: Settings | None = None,
+    dispatcher: Dispatcher | None = None,
+    require: Iterable[str] = (),
+    wait: float = 0.0,
+) -> list[BaseTool]:
+    """Schema-only tools for everything the live workers serve.
+
+    Args:
+        app: The Celery app (built from settings if omitted).
+        settings: Settings to read the registry with.
+        dispatcher: Dispatcher the tools use when invoked directly.
+        require: Tool names to wait for (``wait`` seconds at most).
+        wait: Seconds to wait for ``require`` (or for any tool when ``require`` is empty).
+
+    Returns:
+        One :class:`RemoteTool` per served tool, sorted by name.
+    """
+    dispatcher = dispatcher or dispatcher_for(app, settings)
+    wanted = set(require)
+    deadline = time.monotonic() + wait
+    while True:
+        served = dispatcher.served_tools()
+        ready = wanted <= served.keys() if wanted else bool(served)
+        if ready or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+        registry = getattr(dispatcher, "registry", None)
+        if registry is not None:
+            registry().refresh()
+    return [RemoteTool.from_spec(served[name], dispatcher) for name in sorted(served)]

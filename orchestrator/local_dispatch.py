@@ -1,0 +1,126 @@
+"""An in-process dispatcher: runs tools in threads of this process, no broker.
+
+For fast tests of agents (and of toolfleet itself): the same middleware, the same
+eager dispatch and the same results as with real workers, without Redis. Each call
+still runs at most once per task id, as with the Celery dispatcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+from langchain_core.tools import BaseTool
+
+from orchestrator.dispatch import PreparedCall
+from orchestrator.results import StateCallback
+from tool_workers.errors import ResultTimeout
+from tool_workers.execute import Limits, run_call
+from tool_workers.protocol import ToolResult, ToolSpec
+from tool_workers.settings import Settings, ToolPolicies
+from tool_workers.tasks import tool_spec
+
+
+class InProcessDispatcher:
+    """Runs calls on a thread pool here; counts how often each task id was published.
+
+    Args:
+        tools: The tools to serve.
+        policies: Per-tool policy (queues and limits shown in the specs).
+        max_workers: Threads running tools concurrently.
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[BaseTool],
+        policies: ToolPolicies | None = None,
+        max_workers: int = 64,
+        settings: Settings | None = None,
+    ) -> None:
+        policies = policies or ToolPolicies()
+        self.settings = settings or Settings()
+        self._tools = {tool.name: tool for tool in tools}
+        self._specs = {tool.name: tool_spec(tool, policies.for_tool(tool.name)) for tool in tools}
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max_workers, thread_name_prefix="toolfleet-inprocess"
+        )
+        self._lock = threading.Lock()
+        self._futures: dict[str, concurrent.futures.Future[ToolResult]] = {}
+        self._calls: dict[str, PreparedCall] = {}
+        self.published: Counter[str] = Counter()
+        """How many times each task id was handed to the pool (always 0 or 1)."""
+        self.cancelled: list[str] = []
+        """Task ids :meth:`cancel` was asked to revoke."""
+
+    def served_tools(self) -> Mapping[str, ToolSpec]:
+        """Every tool given to the constructor."""
+        return self._specs
+
+    def submit(self, calls: Sequence[PreparedCall], on_state: StateCallback | None = None) -> None:
+        """Start every call not started yet."""
+        with self._lock:
+            for call in calls:
+                if call.task_id in self._futures:
+                    continue
+                self.published[call.task_id] += 1
+                self._calls[call.task_id] = call
+                self._futures[call.task_id] = self._pool.submit(self._run, call)
+
+    async def submit_async(self, call: PreparedCall) -> None:
+        """Start ``call`` (async flavour of :meth:`submit`)."""
+        self.submit([call])
+
+    def submitted(self, task_id: str) -> PreparedCall | None:
+        """The call started under ``task_id``, if any."""
+        with self._lock:
+            return self._calls.get(task_id)
+
+    def _run(self, call: PreparedCall) -> ToolResult:
+        tool = self._tools.get(call.tool)
+        if tool is None:
+            return ToolResult.error("unknown_tool", f"Error: {call.tool} is not a valid tool.")
+        return run_call(tool, call.request(), worker="in-process", limits=Limits())
+
+    def _future(self, call: PreparedCall) -> concurrent.futures.Future[ToolResult]:
+        self.submit([call])
+        with self._lock:
+            return self._futures[call.task_id]
+
+    def wait(self, call: PreparedCall, timeout: float | None = None) -> ToolResult:
+        """Block until the call ran.
+
+        Raises:
+            ResultTimeout: not done within ``timeout`` seconds.
+        """
+        try:
+            return self._future(call).result(timeout)
+        except concurrent.futures.TimeoutError as exc:
+            raise ResultTimeout(f"no result for {call.tool} call {call.call_id}") from exc
+
+    async def wait_async(self, call: PreparedCall, timeout: float | None = None) -> ToolResult:
+        """Await the call's result.
+
+        Raises:
+            ResultTimeout: not done within ``timeout`` seconds.
+        """
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self._future(call)), timeout)
+        except TimeoutError as exc:
+            raise ResultTimeout(f"no result for {call.tool} call {call.call_id}") from exc
+
+    def cancel(self, calls: Sequence[PreparedCall], terminate: bool = True) -> None:
+        """Forget the calls (a running thread cannot be stopped; its result is dropped)."""
+        with self._lock:
+            for call in calls:
+                self.cancelled.append(call.task_id)
+                future = self._futures.pop(call.task_id, None)
+                self._calls.pop(call.task_id, None)
+                if future is not None:
+                    future.cancel()
+
+    def close(self) -> None:
+        """Stop the thread pool."""
+        self._pool.shutdown(wait=False, cancel_futures=True)

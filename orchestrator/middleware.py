@@ -1,0 +1,308 @@
+"""The tool-call hook: ``create_agent``'s ``wrap_tool_call`` sends calls to the workers.
+
+The agent loop stays LangChain's. Each ``Send("tools", [call])`` reaches
+:meth:`CeleryToolMiddleware.wrap_tool_call` (or ``awrap_tool_call``), which publishes the
+call as a Celery task, waits for its result and returns the ToolMessage, built here
+with the model's own ``tool_call_id``.
+
+Parallelism:
+
+* sync: LangGraph runs the Send tasks of a superstep in a pool of ``min(32, cpu + 4)``
+  threads, so waiting per call would cap a fan-out at that many calls. The first call
+  of an AIMessage to arrive therefore publishes every pending call of that AIMessage;
+  each Send task then only waits for its own result (task ids are derived from the call,
+  so the later arrivals attach to what was already published).
+* async: every Send task is an asyncio task; calls that arrive in the same loop turn are
+  published together in one batch, and each waits on the shared result listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from langchain.agents.middleware import AgentMiddleware
+from langchain_core.messages import AIMessage, ToolMessage
+from langgraph.prebuilt.tool_node import INVALID_TOOL_NAME_ERROR_TEMPLATE, ToolCallRequest
+from langgraph.types import Command
+
+from orchestrator.dispatch import Dispatcher, PreparedCall
+from orchestrator.fleet import dispatcher_for
+from tool_workers.protocol import ToolResult, ToolSpec, call_key, task_id_for
+
+log = logging.getLogger("toolfleet.orchestrator")
+
+_EAGER_MEMORY = 4096
+"""AIMessages whose calls were already published, remembered to skip re-publishing."""
+
+
+class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
+    """Run every tool call of a ``create_agent`` agent as a Celery task on the workers.
+
+    Example::
+
+        agent = create_agent(model, tools, middleware=[CeleryToolMiddleware()])
+    """
+
+    def __init__(
+        self,
+        app: Any = None,
+        *,
+        dispatcher: Dispatcher | None = None,
+        eager_dispatch: bool = True,
+        unserved_wait: float | None = None,
+    ) -> None:
+        """
+        Args:
+            app: The Celery app to publish with; built from ``TOOLFLEET_*`` settings if
+                omitted.
+            dispatcher: Use this dispatcher instead of one for ``app`` (tests, or a
+                custom transport).
+            eager_dispatch: In sync runs, publish every pending call of an AIMessage when
+                the first one arrives. Turn off when a middleware listed before this one
+                edits, gates or short-circuits calls inside its own ``wrap_tool_call``.
+            unserved_wait: Seconds a call waits for a worker serving its tool before it
+                fails (default: ``TOOLFLEET_UNSERVED_WAIT``).
+        """
+        super().__init__()
+        self._dispatcher = dispatcher if dispatcher is not None else dispatcher_for(app)
+        self.eager_dispatch = eager_dispatch
+        settings = getattr(self._dispatcher, "settings", None)
+        default_wait = settings.unserved_wait if settings is not None else 10.0
+        self.unserved_wait = default_wait if unserved_wait is None else unserved_wait
+        self._published: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The dispatcher calls go through."""
+        return self._dispatcher
+
+    # -- the hooks ----------------------------------------------------------------------
+
+    def wrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
+    ) -> ToolMessage | Command[Any]:
+        """Publish the call (and, eagerly, its pending siblings) and wait for its result."""
+        spec = self._spec(request)
+        if spec is None:
+            served = self._dispatcher.served_tools()
+            if request.tool is not None and self.unserved_wait > 0:
+                served = _wait_served(
+                    self._dispatcher, request.tool_call["name"], self.unserved_wait
+                )
+            spec = served.get(request.tool_call["name"])
+            if spec is None:
+                return self._unserved(request, served)
+        call = prepare(request, spec)
+        if self.eager_dispatch:
+            self._publish_siblings(request, call)
+        call = self._reconcile(call)
+        self._dispatcher.submit([call])
+        result = self._dispatcher.wait(call)
+        return to_message(call, result)
+
+    async def awrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
+    ) -> ToolMessage | Command[Any]:
+        """Publish the call with the others of this loop turn and await its result."""
+        spec = self._spec(request)
+        if spec is None:
+            served = self._dispatcher.served_tools()
+            if request.tool is not None and self.unserved_wait > 0:
+                served = await _await_served(
+                    self._dispatcher, request.tool_call["name"], self.unserved_wait
+                )
+            spec = served.get(request.tool_call["name"])
+            if spec is None:
+                return self._unserved(request, served)
+        call = prepare(request, spec)
+        await _submit_async(self._dispatcher, call)
+        result = await self._dispatcher.wait_async(call)
+        return to_message(call, result)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _spec(self, request: ToolCallRequest) -> ToolSpec | None:
+        return self._dispatcher.served_tools().get(request.tool_call["name"])
+
+    def _unserved(self, request: ToolCallRequest, served: Mapping[str, ToolSpec]) -> ToolMessage:
+        name = request.tool_call["name"]
+        if request.tool is None:
+            content = INVALID_TOOL_NAME_ERROR_TEMPLATE.format(
+                requested_tool=name, available_tools=", ".join(sorted(served))
+            )
+            kind = "unknown_tool"
+        else:
+            content = (
+                f"Error: no worker serves the tool '{name}' right now (waited "
+                f"{self.unserved_wait:g} s).\n Try again later or use another tool."
+            )
+            kind = "unserved"
+        log.warning("call %s to %s not dispatched: %s", request.tool_call["id"], name, kind)
+        return ToolMessage(
+            content=content,
+            name=name,
+            tool_call_id=request.tool_call["id"],
+            status="error",
+            response_metadata={"toolfleet": {"error_kind": kind}},
+        )
+
+    def _publish_siblings(self, request: ToolCallRequest, call: PreparedCall) -> None:
+        message = _owning_message(request.state, call.call_id)
+        if message is None:
+            return
+        marker = f"{call.thread_id}\x1f{message.id}"
+        if marker in self._published:
+            return
+        served = self._dispatcher.served_tools()
+        done = _answered_ids(request.state)
+        siblings = [
+            _prepare_raw(tc, served[tc["name"]], call.thread_id, call.run_id, message.id)
+            for tc in message.tool_calls
+            if tc.get("id") and tc["id"] not in done and tc["name"] in served
+        ]
+        self._dispatcher.submit(siblings)
+        self._published[marker] = None
+        while len(self._published) > _EAGER_MEMORY:
+            self._published.popitem(last=False)
+
+    def _reconcile(self, call: PreparedCall) -> PreparedCall:
+        """A call that reached us edited (by an outer middleware) is not the one published."""
+        submitted = getattr(self._dispatcher, "submitted", None)
+        published = submitted(call.task_id) if submitted is not None else None
+        if published is None or published.args == call.args:
+            return call
+        log.warning(
+            "call %s to %s was edited after it was published eagerly; revoking the published "
+            "one (pass eager_dispatch=False when a middleware edits calls)",
+            call.call_id,
+            call.tool,
+        )
+        self._dispatcher.cancel([published])
+        digest = hashlib.sha256(json.dumps(call.args, sort_keys=True).encode()).hexdigest()[:16]
+        return PreparedCall(
+            tool=call.tool,
+            call_id=call.call_id,
+            args=call.args,
+            task_id=task_id_for(f"{call.task_id}\x1fedit:{digest}"),
+            thread_id=call.thread_id,
+            run_id=call.run_id,
+            queue=call.queue,
+            spec=call.spec,
+        )
+
+
+def prepare(request: ToolCallRequest, spec: ToolSpec) -> PreparedCall:
+    """The wire form of the call in ``request``, with its deterministic task id."""
+    config = request.runtime.config if request.runtime is not None else {}
+    thread_id = (config.get("configurable") or {}).get("thread_id")
+    run_id = _run_id(request, config)
+    message = _owning_message(request.state, request.tool_call["id"])
+    return _prepare_raw(
+        request.tool_call, spec, thread_id, run_id, message.id if message is not None else None
+    )
+
+
+def _prepare_raw(
+    tool_call: Mapping[str, Any],
+    spec: ToolSpec,
+    thread_id: Any,
+    run_id: str | None,
+    message_id: str | None,
+) -> PreparedCall:
+    thread = str(thread_id) if thread_id is not None else None
+    return PreparedCall(
+        tool=tool_call["name"],
+        call_id=tool_call["id"],
+        args=dict(tool_call.get("args") or {}),
+        task_id=task_id_for(call_key(thread, message_id, tool_call["id"])),
+        thread_id=thread,
+        run_id=run_id,
+        queue=spec.queue,
+        spec=spec,
+    )
+
+
+def _run_id(request: ToolCallRequest, config: Mapping[str, Any]) -> str | None:
+    info = getattr(request.runtime, "execution_info", None)
+    run_id = getattr(info, "run_id", None) or config.get("run_id")
+    return str(run_id) if run_id is not None else None
+
+
+def _messages(state: Any) -> list[Any]:
+    if isinstance(state, dict):
+        return list(state.get("messages") or [])
+    if isinstance(state, list):
+        return state
+    return list(getattr(state, "messages", None) or [])
+
+
+def _owning_message(state: Any, call_id: str) -> AIMessage | None:
+    for message in reversed(_messages(state)):
+        if isinstance(message, AIMessage) and any(
+            tc.get("id") == call_id for tc in message.tool_calls
+        ):
+            return message
+    return None
+
+
+def _answered_ids(state: Any) -> set[str]:
+    return {m.tool_call_id for m in _messages(state) if isinstance(m, ToolMessage)}
+
+
+def to_message(call: PreparedCall, result: ToolResult) -> ToolMessage:
+    """The ToolMessage for a call's result, as a local ToolNode would have built it."""
+    return ToolMessage(
+        content=result.content,
+        artifact=result.artifact,
+        status=result.status,
+        name=call.tool,
+        tool_call_id=call.call_id,
+        response_metadata={
+            "toolfleet": {
+                "task_id": call.task_id,
+                "worker": result.worker,
+                "pid": result.pid,
+                "duration": result.duration,
+                "error_kind": result.error_kind,
+            }
+        },
+    )
+
+
+def _wait_served(dispatcher: Dispatcher, name: str, timeout: float) -> Mapping[str, ToolSpec]:
+    deadline = time.monotonic() + timeout
+    while True:
+        served = dispatcher.served_tools()
+        if name in served or time.monotonic() >= deadline:
+            return served
+        time.sleep(0.25)
+
+
+async def _await_served(
+    dispatcher: Dispatcher, name: str, timeout: float
+) -> Mapping[str, ToolSpec]:
+    deadline = time.monotonic() + timeout
+    while True:
+        served = dispatcher.served_tools()
+        if name in served or time.monotonic() >= deadline:
+            return served
+        await asyncio.sleep(0.25)
+
+
+async def _submit_async(dispatcher: Dispatcher, call: PreparedCall) -> None:
+    submit_async = getattr(dispatcher, "submit_async", None)
+    if submit_async is not None:
+        await submit_async(call)
+    else:
+        dispatcher.submit([call])

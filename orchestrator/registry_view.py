@@ -1,0 +1,62 @@
+"""The orchestrator's view of the tool registry the workers publish."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+
+import redis
+
+from tool_workers.protocol import ToolSpec, WorkerEntry
+from tool_workers.registry import read_entries, served_tools
+from tool_workers.settings import Settings
+
+CACHE_SECONDS = 1.0
+"""How long a read of the registry is reused (one SCAN per second at most)."""
+
+
+class RegistryView:
+    """Cached, thread-safe reads of which workers are live and which tools they serve."""
+
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self._client = client
+        self._prefix = settings.key_prefix
+        self._lock = threading.Lock()
+        self._entries: list[WorkerEntry] = []
+        self._tools: dict[str, ToolSpec] = {}
+        self._read_at = float("-inf")
+
+    def refresh(self) -> None:
+        """Read the registry now."""
+        entries = read_entries(self._client, self._prefix)
+        with self._lock:
+            self._entries = entries
+            self._tools = served_tools(entries)
+            self._read_at = time.monotonic()
+
+    def _fresh(self) -> None:
+        if time.monotonic() - self._read_at > CACHE_SECONDS:
+            self.refresh()
+
+    def tools(self) -> Mapping[str, ToolSpec]:
+        """Tools some live worker serves, by name."""
+        self._fresh()
+        with self._lock:
+            return dict(self._tools)
+
+    def workers(self) -> list[WorkerEntry]:
+        """Every live worker's entry."""
+        self._fresh()
+        with self._lock:
+            return list(self._entries)
+
+    def wait_for(self, names: set[str], timeout: float) -> Mapping[str, ToolSpec]:
+        """Poll until every tool in ``names`` is served or ``timeout`` passes; the tools found."""
+        deadline = time.monotonic() + timeout
+        while True:
+            tools = self.tools()
+            if names <= tools.keys() or time.monotonic() >= deadline:
+                return tools
+            time.sleep(min(0.25, max(deadline - time.monotonic(), 0)))
+            self.refresh()

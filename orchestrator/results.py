@@ -1,0 +1,310 @@
+"""One result listener per process: the result backend's pub/sub, turned into futures.
+
+Celery's Redis backend stores a task's state under ``celery-task-meta-<id>`` and
+publishes it on a channel of the same name. The listener holds one pub/sub
+connection in a background thread (an asyncio loop with ``redis.asyncio``) and
+resolves a :class:`concurrent.futures.Future` per watched task; sync callers block on
+the future, async callers await ``asyncio.wrap_future`` of it, so no caller thread or
+executor slot is held per call.
+
+Nothing is lost between dispatch and subscription: once a subscription is confirmed the
+listener reads the key once (a result stored before the subscription is found there).
+A sweep re-reads the keys of calls still pending every few seconds, so a result
+published while the pub/sub connection was down (a Redis restart) is still collected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+log = logging.getLogger("toolfleet.results")
+
+READY_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
+"""Celery states after which a task's result no longer changes."""
+
+SWEEP_INTERVAL = 2.0
+"""Seconds between re-reads of pending results (covers messages missed during outages)."""
+
+StateCallback = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class _Watch:
+    future: concurrent.futures.Future[dict[str, Any]]
+    channel: bytes
+    since: float = field(default_factory=time.monotonic)
+    waiters: int = 1
+    on_state: list[StateCallback] = field(default_factory=list)
+    last_state: str | None = None
+
+
+class ResultListener:
+    """Watches task results on a Redis result backend; thread-safe, one per process."""
+
+    def __init__(self, url: str, key_for_task: Callable[[str], bytes]) -> None:
+        """
+        Args:
+            url: Redis URL of the result backend.
+            key_for_task: Maps a task id to its result key (Celery's
+                ``backend.get_key_for_task``), which is also its pub/sub channel.
+        """
+        self._url = url
+        self._key_for_task = key_for_task
+        self._lock = threading.Lock()
+        self._watches: dict[str, _Watch] = {}
+        self._by_channel: dict[bytes, str] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._commands: asyncio.Queue[tuple[str, list[bytes]]] | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._closed = False
+        self._catchup: list[bytes] = []
+        self._catchup_task: asyncio.Task[None] | None = None
+        self.subscribed: set[bytes] = set()
+        """Channels the pub/sub connection is subscribed to now (for leak checks)."""
+
+    # -- public API, callable from any thread ------------------------------------------
+
+    def watch(
+        self, task_ids: Iterable[str], on_state: StateCallback | None = None
+    ) -> dict[str, concurrent.futures.Future[dict[str, Any]]]:
+        """Futures resolving to each task's Celery meta once it is ready.
+
+        Watching a task that is already watched shares its future. Call :meth:`release`
+        once per watch when the result is no longer wanted.
+        """
+        self._ensure_started()
+        futures: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}
+        new: list[bytes] = []
+        with self._lock:
+            for task_id in task_ids:
+                watch = self._watches.get(task_id)
+                if watch is None:
+                    channel = self._key_for_task(task_id)
+                    watch = _Watch(concurrent.futures.Future(), channel)
+                    self._watches[task_id] = watch
+                    self._by_channel[channel] = task_id
+                    new.append(channel)
+                else:
+                    watch.waiters += 1
+                if on_state is not None:
+                    watch.on_state.append(on_state)
+                futures[task_id] = watch.future
+        if new:
+            self._send("subscribe", new)
+        return futures
+
+    def release(self, task_id: str) -> None:
+        """Drop one watch of ``task_id``; the last one unsubscribes."""
+        with self._lock:
+            watch = self._watches.get(task_id)
+            if watch is None:
+                return
+            watch.waiters -= 1
+            if watch.waiters > 0:
+                return
+            del self._watches[task_id]
+            self._by_channel.pop(watch.channel, None)
+        if not watch.future.done():
+            watch.future.cancel()
+        self._send("unsubscribe", [watch.channel])
+
+    def pending(self) -> int:
+        """How many task results are watched now."""
+        with self._lock:
+            return len(self._watches)
+
+    def close(self) -> None:
+        """Stop the listener thread; pending futures are cancelled."""
+        with self._lock:
+            self._closed = True
+            watches = list(self._watches.values())
+            self._watches.clear()
+            self._by_channel.clear()
+        for watch in watches:
+            watch.future.cancel()
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    # -- the listener thread ------------------------------------------------------------
+
+    def _ensure_started(self) -> None:
+        if self._started.is_set():
+            return
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("result listener is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="toolfleet-results", daemon=True
+                )
+                self._thread.start()
+        self._started.wait()
+
+    def _send(self, command: str, channels: list[bytes]) -> None:
+        loop, queue = self._loop, self._commands
+        if loop is None or queue is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # loop closed while shutting down
+            loop.call_soon_threadsafe(queue.put_nowait, (command, channels))
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._commands = asyncio.Queue()
+        self._started.set()
+        main = loop.create_task(self._main())
+        try:
+            loop.run_forever()
+        finally:
+            main.cancel()
+            loop.run_until_complete(asyncio.gather(main, return_exceptions=True))
+            loop.close()
+
+    async def _main(self) -> None:
+        client = aioredis.from_url(self._url, health_check_interval=5, socket_keepalive=True)
+        sweeper = asyncio.create_task(self._sweep_forever(client))
+        backoff = 0.1
+        try:
+            while True:
+                try:
+                    await self._listen(client)
+                except (RedisError, OSError) as exc:
+                    log.warning("result pub/sub connection lost (%r); reconnecting", exc)
+                    self.subscribed.clear()
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                else:
+                    backoff = 0.1
+        finally:
+            sweeper.cancel()
+            await client.aclose()
+
+    async def _listen(self, client: aioredis.Redis) -> None:
+        assert self._commands is not None
+        pubsub = client.pubsub()
+        try:
+            with self._lock:
+                channels = [w.channel for w in self._watches.values()]
+            # Subscribe to something even when idle, so the reader has a connection.
+            await pubsub.subscribe(b"toolfleet-listener-idle", *channels)
+            commands = asyncio.create_task(self._pump_commands(pubsub))
+            try:
+                while True:
+                    if commands.done():
+                        commands.result()  # re-raise a connection error
+                    message = await pubsub.get_message(timeout=1.0)
+                    if message is not None:
+                        await self._on_message(client, message)
+            finally:
+                commands.cancel()
+                await asyncio.gather(commands, return_exceptions=True)
+        finally:
+            await pubsub.aclose()
+
+    async def _pump_commands(self, pubsub: Any) -> None:
+        assert self._commands is not None
+        while True:
+            command, channels = await self._commands.get()
+            # Coalesce a burst (a fan-out) into one command of each kind.
+            batch = {"subscribe": [], "unsubscribe": []}
+            batch[command].extend(channels)
+            while not self._commands.empty():
+                more_command, more = self._commands.get_nowait()
+                batch[more_command].extend(more)
+            with self._lock:
+                watched = set(self._by_channel)
+            subscribe = [c for c in batch["subscribe"] if c in watched]
+            unsubscribe = [c for c in batch["unsubscribe"] if c not in watched]
+            if subscribe:
+                await pubsub.subscribe(*subscribe)
+            if unsubscribe:
+                await pubsub.unsubscribe(*unsubscribe)
+
+    async def _on_message(self, client: aioredis.Redis, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        channel = message["channel"]
+        if kind == "subscribe":
+            self.subscribed.add(channel)
+            # Anything stored before the subscription took effect is in the key: read
+            # those keys once, in one MGET for the whole burst of confirmations.
+            self._catchup.append(channel)
+            if self._catchup_task is None or self._catchup_task.done():
+                self._catchup_task = asyncio.create_task(self._read_catchup(client))
+        elif kind == "unsubscribe":
+            self.subscribed.discard(channel)
+        elif kind == "message":
+            with self._lock:
+                task_id = self._by_channel.get(channel)
+            if task_id is not None:
+                self._deliver(task_id, message["data"])
+
+    async def _read_catchup(self, client: aioredis.Redis) -> None:
+        await asyncio.sleep(0)  # let the rest of the burst's confirmations arrive
+        while self._catchup:
+            channels, self._catchup = self._catchup, []
+            with self._lock:
+                wanted = [(self._by_channel[c], c) for c in channels if c in self._by_channel]
+            if not wanted:
+                continue
+            try:
+                values = await client.mget([channel for _, channel in wanted])
+            except (RedisError, OSError) as exc:  # the sweep collects these later
+                log.warning("result catch-up read failed (%r)", exc)
+                return
+            for (task_id, _), raw in zip(wanted, values, strict=True):
+                self._deliver(task_id, raw)
+
+    async def _sweep_forever(self, client: aioredis.Redis) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL)
+            horizon = time.monotonic() - SWEEP_INTERVAL
+            with self._lock:
+                due = [(t, w.channel) for t, w in self._watches.items() if w.since < horizon]
+            if not due:
+                continue
+            try:
+                values = await client.mget([channel for _, channel in due])
+            except (RedisError, OSError) as exc:
+                log.warning("result sweep failed (%r); will retry", exc)
+                continue
+            for (task_id, _), raw in zip(due, values, strict=True):
+                self._deliver(task_id, raw)
+
+    def _deliver(self, task_id: str, raw: bytes | None) -> None:
+        if raw is None:
+            return
+        try:
+            meta = json.loads(raw)
+        except ValueError:
+            log.error("unreadable result for task %s", task_id)
+            return
+        state = meta.get("status")
+        with self._lock:
+            watch = self._watches.get(task_id)
+            if watch is None or watch.future.done():
+                return
+            changed = state != watch.last_state
+            watch.last_state = state
+            callbacks = list(watch.on_state) if changed else []
+        for callback in callbacks:
+            try:
+                callback(state, meta)
+            except Exception:  # a progress observer must not break result delivery
+                log.exception("result state callback failed")
+        if state in READY_STATES:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
+                watch.future.set_result(meta)

@@ -1,0 +1,420 @@
+"""The built-in toolset, called the way a worker calls it: ``tool.invoke(tool_call)``.
+
+A tool that raises lets the exception out of ``invoke`` (the worker turns it into an error
+message for the model), so refusals are checked with ``pytest.raises``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import ToolMessage
+from langchain_core.tools import BaseTool
+from pydantic import ValidationError
+
+from tool_workers.builtin import get_tools
+from tool_workers.builtin.sandbox import sandbox_tools
+from tool_workers.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+ALL_TOOLS = {"read_file", "list_dir", "grep", "write_file", "run_python", "sleep", "echo"}
+
+
+def call(tool: BaseTool, **args: Any) -> str:
+    """Invoke ``tool`` with a model-style tool call and return the ToolMessage's text."""
+    message = tool.invoke({"type": "tool_call", "name": tool.name, "args": args, "id": "c1"})
+    assert isinstance(message, ToolMessage)
+    assert message.tool_call_id == "c1"
+    assert isinstance(message.content, str)
+    return message.content
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "ws"  # deliberately missing: get_tools must create it
+
+
+@pytest.fixture
+def tools(root: Path) -> dict[str, BaseTool]:
+    return {tool.name: tool for tool in get_tools(Settings(workspace_root=root))}
+
+
+@pytest.fixture
+def outside(tmp_path: Path, tools: dict[str, BaseTool], root: Path) -> Path:
+    """A directory beside the workspace, reachable from it through the symlink ``escape``."""
+    out = tmp_path / "outside"
+    out.mkdir()
+    (out / "secret.txt").write_text("secret\n")
+    (root / "escape").symlink_to(out, target_is_directory=True)
+    (root / "leak.txt").symlink_to(out / "secret.txt")
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead, just not reaped
+
+
+def _wait_dead(pid: int, within: float = 3.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+# --- the toolset ------------------------------------------------------------------------
+
+
+def test_given_missing_root_when_tools_built_then_root_created_and_all_tools_served(
+    root: Path, tools: dict[str, BaseTool]
+) -> None:
+    assert root.is_dir()
+    assert set(tools) == ALL_TOOLS
+
+
+def test_given_fresh_interpreter_when_builtin_imported_then_celery_not_imported() -> None:
+    code = (
+        "import sys, tool_workers.builtin\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'celery'], 'celery imported'"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+
+
+# --- path confinement -------------------------------------------------------------------
+
+ESCAPING_CALLS: list[tuple[str, Callable[[str], dict[str, Any]]]] = [
+    ("read_file", lambda p: {"path": p}),
+    ("list_dir", lambda p: {"path": p}),
+    ("grep", lambda p: {"pattern": "secret", "path": p}),
+    ("write_file", lambda p: {"path": p, "content": "pwned"}),
+]
+
+
+@pytest.mark.parametrize(("name", "make_args"), ESCAPING_CALLS, ids=[c[0] for c in ESCAPING_CALLS])
+@pytest.mark.parametrize(
+    "escape", ["dotdot", "dotdot_dir", "absolute", "symlink_dir", "symlink_file"]
+)
+def test_given_path_outside_root_when_called_then_refused(
+    tools: dict[str, BaseTool],
+    outside: Path,
+    name: str,
+    make_args: Callable[[str], dict[str, Any]],
+    escape: str,
+) -> None:
+    path = {
+        "dotdot": "../outside/secret.txt",
+        "dotdot_dir": "sub/../..",
+        "absolute": str(outside / "secret.txt"),
+        "symlink_dir": "escape/secret.txt",
+        "symlink_file": "leak.txt",
+    }[escape]
+    with pytest.raises(ValueError, match="is outside the workspace root"):
+        call(tools[name], **make_args(path))
+    assert (outside / "secret.txt").read_text() == "secret\n"
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+
+
+def test_given_absolute_path_inside_root_when_read_then_allowed(
+    tools: dict[str, BaseTool], root: Path
+) -> None:
+    (root / "a.txt").write_text("inside\n")
+    assert call(tools["read_file"], path=str(root / "a.txt")) == "     1\tinside"
+
+
+def test_given_symlink_to_outside_when_grepping_root_then_it_is_skipped(
+    tools: dict[str, BaseTool], outside: Path
+) -> None:
+    assert call(tools["grep"], pattern="secret").startswith("no matches")
+
+
+# --- read_file --------------------------------------------------------------------------
+
+
+def test_given_long_file_when_read_with_offset_and_limit_then_numbered_slice_and_note(
+    tools: dict[str, BaseTool], root: Path
+) -> None:
+    (root / "f.txt").write_text("".join(f"line {i}\n" for i in range(1, 11)))
+    out = call(tools["read_file"], path="f.txt", offset=2, limit=3)
+    lines = out.splitlines()
+    assert lines[:3] == ["     3\tline 3", "     4\tline 4", "     5\tline 5"]
+    assert "offset=5" in lines[3]
+
+
+def test_given_short_file_when_read_whole_then_no_truncation_note(
+    tools: dict[str, BaseTool], root: Path
+) -> None:
+    (root / "f.txt").write_text("a\nb")
+    assert call(tools["read_file"], path="f.txt") == "     1\ta\n     2\tb"
+
+
+@pytest.mark.parametrize(
+    ("content", "offset", "expected"),
+    [("", 0, "f.txt is empty."), ("a\nb\n", 5, "f.txt has 2 lines; offset 5 is past the end.")],
+)
+def test_given_empty_or_short_file_when_read_past_end_then_says_so(
+    tools: dict[str, BaseTool], root: Path, content: str, offset: int, expected: str
+) -> None:
+    (root / "f.txt").write_text(content)
+    assert call(tools["read_file"], path="f.txt", offset=offset) == expected
+
+
+def test_given_binary_file_when_read_then_politely_refused(
+    tools: dict[str, BaseTool], root: Path
+) -> None:
+    (root / "img.png").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR")
+    out = call(tools["read_file"], path="img.png")
+    assert "binary" in out and "img.png" in out
+
+
+def test_given_missing_file_or_directory_when_read_then_clear_error(
+    tools: dict[str, BaseTool], root: Path
+) -> None:
+    with pytest.raises(FileNotFoundError, match=r"no file 'nope\.txt'"):
+        call(tools["read_file"], path="nope.txt")
+    with pytest.raises(IsADirectoryError, match="list_dir"):
+        call(tools["read_file"], path=".")
+
+
+# --- list_dir ---------------------------------------------------------------------------
+
+
+def test_given_files_and_dirs_when_listed_then_sorted_with_type_and_size(
+    tools: dict[str, BaseTool], root: Path
+) -> None:
+    (root / "b.txt").write_text("12345")
+    (root / "a_dir").mkdir()
+    (root / "c").symlink_to(root / "b.txt")
+    lines = call(tools["list_dir"]).splitlines()
+    assert lines[1].split() == ["dir", "-", "a_dir/"]
+    assert lines[2].split() == ["file", "5", "b.txt"]
+    assert lines[3].split()[:3] == ["link", "-", "c"]
+
+
+def test_given_more_entries_than_cap_when_listed_then_truncation_noted(
+    tools: dict[str, BaseTool], root: Path
+) -> None:
+    (root / "many").mkdir()
+    for i in range(501):
+        (root / "many" / f"f{i:03}").touch()
+    lines = call(tools["list_dir"], path="many").splitlines()
+    assert len(lines) == 1 + 500 + 1
+    assert lines[-1] == "[500 of 501 entries shown]"
+
+
+def test_given_file_path_when_listed_then_clear_error(
+    tools: dict[str, BaseTool], root: Path
+) -> None:
+    (root / "f.txt").touch()
+    with pytest.raises(NotADirectoryError, match="not a directory"):
+        call(tools["list_dir"], path="f.txt")
+
+
+# --- grep -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tree(root: Path) -> Path:
+    (root / "sub").mkdir()
+    (root / "a.py").write_text("x = 1\nneedle = 2\n")
+    (root / "b.txt").write_text("needle in text\n")
+    (root / "sub" / "c.py").write_text("# needle here\n")
+    (root / "blob.bin").write_bytes(b"needle\0\0")
+    return root
+
+
+def test_given_tree_when_grepping_then_relpath_lineno_line(
+    tools: dict[str, BaseTool], tree: Path
+) -> None:
+    assert call(tools["grep"], pattern=r"need+le").splitlines() == [
+        "a.py:2: needle = 2",
+        "b.txt:1: needle in text",
+        "sub/c.py:1: # needle here",
+        "[1 binary or large files skipped]",
+    ]
+
+
+def test_given_glob_when_grepping_then_only_matching_names_searched(
+    tools: dict[str, BaseTool], tree: Path
+) -> None:
+    assert call(tools["grep"], pattern="needle", glob="*.py").splitlines() == [
+        "a.py:2: needle = 2",
+        "sub/c.py:1: # needle here",
+    ]
+    assert call(tools["grep"], pattern="needle", glob="sub/*") == "sub/c.py:1: # needle here"
+
+
+def test_given_max_matches_when_exceeded_then_stops_and_says_so(
+    tools: dict[str, BaseTool], tree: Path
+) -> None:
+    lines = call(tools["grep"], pattern="needle", max_matches=1).splitlines()
+    assert lines == ["a.py:2: needle = 2", "[stopped after 1 matches]"]
+
+
+def test_given_invalid_regex_when_grepping_then_helpful_value_error(
+    tools: dict[str, BaseTool], tree: Path
+) -> None:
+    with pytest.raises(ValueError, match=r"invalid regular expression '\(unclosed'"):
+        call(tools["grep"], pattern="(unclosed")
+
+
+# --- write_file -------------------------------------------------------------------------
+
+
+def test_given_new_nested_path_when_written_then_dirs_created_and_bytes_reported(
+    tools: dict[str, BaseTool], root: Path
+) -> None:
+    out = call(tools["write_file"], path="x/y/z.txt", content="héllo")
+    assert out == "wrote 6 bytes to x/y/z.txt"
+    assert (root / "x/y/z.txt").read_text(encoding="utf-8") == "héllo"
+
+
+def test_given_existing_file_when_overwritten_then_content_replaced_and_mode_kept(
+    tools: dict[str, BaseTool], root: Path
+) -> None:
+    target = root / "f.txt"
+    target.write_text("old")
+    target.chmod(0o600)
+    call(tools["write_file"], path="f.txt", content="new")
+    assert target.read_text() == "new"
+    assert target.stat().st_mode & 0o777 == 0o600
+
+
+def test_given_replace_fails_when_writing_then_old_file_intact_and_no_temp_left(
+    tools: dict[str, BaseTool], root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (root / "f.txt").write_text("old")
+
+    def broken_replace(src: str, dst: str) -> None:
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk on fire"):
+        call(tools["write_file"], path="f.txt", content="new")
+    assert (root / "f.txt").read_text() == "old"
+    assert sorted(p.name for p in root.iterdir()) == ["f.txt"]
+
+
+def test_given_directory_path_when_written_then_refused(
+    tools: dict[str, BaseTool], root: Path
+) -> None:
+    (root / "d").mkdir()
+    with pytest.raises(IsADirectoryError):
+        call(tools["write_file"], path="d", content="x")
+
+
+# --- run_python -------------------------------------------------------------------------
+
+
+def test_given_printing_code_when_run_then_exit_zero_and_stdout(
+    tools: dict[str, BaseTool],
+) -> None:
+    out = call(tools["run_python"], code="import sys\nprint('hi')\nprint('warn', file=sys.stderr)")
+    assert out == "exit code: 0\n--- stdout ---\nhi\n\n--- stderr ---\nwarn\n"
+
+
+def test_given_raising_code_when_run_then_exit_one_and_traceback(
+    tools: dict[str, BaseTool],
+) -> None:
+    out = call(tools["run_python"], code="raise ValueError('boom')")
+    assert out.startswith("exit code: 1\n")
+    assert "ValueError: boom" in out.split("--- stderr ---")[1]
+
+
+def test_given_worker_env_and_cwd_when_run_then_secrets_hidden_and_cwd_empty(
+    tools: dict[str, BaseTool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOOLFLEET_SECRET", "hunter2")
+    code = "import os\nprint(os.environ.get('TOOLFLEET_SECRET'), os.listdir('.'))"
+    assert "None []" in call(tools["run_python"], code=code)
+
+
+def test_given_endless_code_when_timeout_passes_then_group_killed_and_reported(
+    tools: dict[str, BaseTool], tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "child.pid"
+    code = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "print('started', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    t0 = time.monotonic()
+    out = call(tools["run_python"], code=code, timeout=1.0)
+    assert time.monotonic() - t0 < 5
+    assert out.startswith("timed out after 1 s")
+    assert "killed by SIGKILL" in out and "started" in out
+    assert _wait_dead(int(pid_file.read_text()))
+
+
+def test_given_background_child_when_code_exits_then_child_killed(
+    tools: dict[str, BaseTool], tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "child.pid"
+    code = (
+        "import subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+    )
+    t0 = time.monotonic()
+    assert call(tools["run_python"], code=code).startswith("exit code: 0")
+    assert time.monotonic() - t0 < 5
+    assert _wait_dead(int(pid_file.read_text()))
+
+
+def test_given_timeout_over_max_when_run_then_capped() -> None:
+    (tool,) = sandbox_tools(max_timeout=0.3)
+    out = call(tool, code="import time; time.sleep(30)", timeout=30)
+    assert out.startswith("timed out after 0.3 s (capped from 30 s)")
+
+
+def test_given_memory_limit_when_code_allocates_more_then_memory_error() -> None:
+    (tool,) = sandbox_tools(memory_limit_bytes=256 * 2**20)
+    out = call(tool, code="b = bytearray(1024 * 2**20)")
+    assert out.startswith("exit code: 1\n")
+    assert "MemoryError" in out
+
+
+def test_given_output_limit_when_code_prints_more_then_output_capped() -> None:
+    (tool,) = sandbox_tools(output_limit=100)
+    out = call(tool, code="print('x' * 1000)")
+    assert "x" * 100 + "\n[truncated: 1001 bytes written, first 100 shown]" in out
+    assert "x" * 101 not in out
+
+
+# --- diagnostics ------------------------------------------------------------------------
+
+
+def test_given_seconds_when_sleeping_then_sleeps_and_reports(
+    tools: dict[str, BaseTool],
+) -> None:
+    t0 = time.monotonic()
+    assert call(tools["sleep"], seconds=0.05) == "slept 0.05 s"
+    assert time.monotonic() - t0 >= 0.05
+
+
+@pytest.mark.parametrize("seconds", [-1, 3601])
+def test_given_out_of_bounds_seconds_when_sleeping_then_invalid_args(
+    tools: dict[str, BaseTool], seconds: float
+) -> None:
+    with pytest.raises(ValidationError):
+        call(tools["sleep"], seconds=seconds)
+
+
+def test_given_text_when_echoed_then_returned_unchanged(tools: dict[str, BaseTool]) -> None:
+    assert call(tools["echo"], text="héllo\nworld") == "héllo\nworld"

@@ -1,0 +1,95 @@
+"""The Celery app both sides build from one Settings object.
+
+The orchestrator builds it to publish calls and read results; the worker builds it
+and then registers one task per tool (:mod:`tool_workers.celery`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from tool_workers.protocol import DEFAULT_QUEUE, task_name
+from tool_workers.settings import Settings, ToolPolicies
+
+REDELIVERY_MARGIN = 30.0
+"""Seconds added to the longest time limit to get the broker's visibility timeout."""
+
+RESTORE_INTERVAL = 5
+"""Seconds between the broker's scans for unacknowledged calls of dead workers."""
+
+
+def visibility_timeout(policies: ToolPolicies) -> float:
+    """Seconds a fetched, unacknowledged call stays invisible before it is redelivered.
+
+    Longer than any call may run (the longest hard time limit), plus the longest retry
+    delay (a retried call waits in the worker for its countdown), plus a margin: a call
+    that outlives the visibility timeout would be run a second time while still running.
+    """
+    return policies.longest_time_limit() + policies.longest_retry_backoff() + REDELIVERY_MARGIN
+
+
+def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
+    """The Celery configuration toolfleet runs with."""
+    transport: dict[str, Any] = {
+        "visibility_timeout": visibility_timeout(policies),
+        # A dead worker's calls come back within visibility_timeout + this interval.
+        "unacked_restore_interval": RESTORE_INTERVAL,
+        "unacked_restore_throttle": 1,
+        "health_check_interval": 10,
+    }
+    backend_transport: dict[str, Any] = {"retry_policy": {"timeout": 30.0}}
+    if settings.namespace:
+        transport["global_keyprefix"] = f"{settings.namespace}:"
+        backend_transport["global_keyprefix"] = f"{settings.namespace}:"
+    routes = {task_name(name): {"queue": policies.for_tool(name).queue} for name in policies.tools}
+    return {
+        "broker_url": settings.broker_url,
+        "result_backend": settings.backend_url,
+        "broker_transport_options": transport,
+        "result_backend_transport_options": backend_transport,
+        "broker_connection_retry_on_startup": True,
+        "redis_backend_health_check_interval": 10,
+        "redis_socket_keepalive": True,
+        # JSON only: a pickled message is refused, never executed.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "task_default_queue": DEFAULT_QUEUE,
+        "task_default_exchange": DEFAULT_QUEUE,
+        "task_default_routing_key": DEFAULT_QUEUE,
+        "task_routes": routes,
+        "task_create_missing_queues": True,
+        # A call is acknowledged only after it ran; a worker that dies mid-call gives
+        # it back to the broker.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_track_started": True,
+        "task_time_limit": policies.defaults.time_limit,
+        "worker_prefetch_multiplier": settings.prefetch_multiplier,
+        "result_expires": settings.result_expires,
+        "result_extended": False,
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        "broker_channel_error_retry": True,
+    }
+
+
+def create_app(
+    settings: Settings, policies: ToolPolicies | None = None, main: str = "toolfleet"
+) -> Celery:
+    """Build the Celery app for ``settings`` (no tasks registered).
+
+    Args:
+        settings: Process settings.
+        policies: Per-tool policy; read from ``settings`` when omitted.
+        main: Name of the app (shown by Celery and Flower).
+
+    Returns:
+        A configured Celery app.
+    """
+    policies = policies if policies is not None else settings.policies()
+    app = Celery(main, set_as_current=False)
+    app.conf.update(celery_config(settings, policies))
+    return app

@@ -1,0 +1,53 @@
+"""The worker's Celery app: ``celery -A tool_workers worker`` finds ``app`` here.
+
+Settings are read once, here, where the worker process starts. The tool modules named
+by ``TOOLFLEET_TOOL_MODULES`` (the built-in toolset when unset) are imported and each
+tool becomes a task ``tools.<name>``. When the worker is ready it publishes the tools it
+serves to the registry and keeps that entry fresh until it shuts down.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+from celery import signals
+
+from tool_workers.app import create_app
+from tool_workers.loader import load_tools
+from tool_workers.registry import RegistryPublisher, build_entry
+from tool_workers.settings import Settings
+from tool_workers.tasks import register_tools
+
+log = logging.getLogger("toolfleet.worker")
+
+settings = Settings()
+policies = settings.policies()
+app = create_app(settings, policies)
+tools = load_tools(settings)
+specs = register_tools(app, tools, settings, policies)
+
+_publisher: RegistryPublisher | None = None
+
+
+@signals.worker_ready.connect
+def _publish_registry(sender: Any = None, **_: Any) -> None:
+    global _publisher
+    queues = list(sender.app.amqp.queues.consume_from)
+    entry = build_entry(sender.hostname, queues, specs.values())
+    client = redis.Redis.from_url(settings.broker_url)
+    _publisher = RegistryPublisher(client, settings.key_prefix, entry, settings.registry_refresh)
+    _publisher.start()
+    log.info(
+        "toolfleet worker %s serves %s on queues %s",
+        entry.worker,
+        ", ".join(spec.name for spec in entry.tools) or "no tools",
+        ", ".join(entry.queues),
+    )
+
+
+@signals.worker_shutdown.connect
+def _unpublish_registry(**_: Any) -> None:
+    if _publisher is not None:
+        _publisher.stop()

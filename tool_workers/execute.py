@@ -1,0 +1,190 @@
+"""Run one tool call with ToolNode's semantics and turn the outcome into a ToolResult.
+
+Nothing here knows about Celery tasks: the task in :mod:`tool_workers.registry` calls
+:func:`run_call`, and the in-process dispatcher of the orchestrator's tests calls it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from billiard.exceptions import SoftTimeLimitExceeded
+from langchain_core.messages import ToolMessage
+from langchain_core.tools import BaseTool
+from langgraph.prebuilt.tool_node import (
+    TOOL_CALL_ERROR_TEMPLATE,
+    ToolInvocationError,
+    msg_content_output,
+)
+from pydantic import ValidationError
+
+from tool_workers.context import CallContext, call_scope
+from tool_workers.protocol import ToolRequest, ToolResult
+
+TRUNCATION_NOTE = "\n[toolfleet: result truncated from {size} to {limit} bytes]"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Byte and time limits one call runs under."""
+
+    max_arg_bytes: int = 1_000_000
+    max_result_bytes: int = 1_000_000
+    soft_time_limit: float | None = None
+
+
+class TransientToolError(Exception):
+    """Raised by :func:`run_call` when the tool failed in a way its policy retries."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(repr(exc))
+        self.exc = exc
+
+
+def error_text(exc: BaseException) -> str:
+    """The message ToolNode gives the model when a tool raises."""
+    return TOOL_CALL_ERROR_TEMPLATE.format(error=repr(exc))
+
+
+def timeout_text(tool: str, limit: float | None) -> str:
+    """The message for a call stopped by its time limit, naming the limit."""
+    what = f"its time limit of {limit:g} s" if limit else "its time limit"
+    return (
+        f"Error: the tool '{tool}' did not finish within {what} and was stopped.\n"
+        " Please fix your mistakes."
+    )
+
+
+def json_size(value: Any) -> int:
+    """Bytes of ``value`` as compact JSON (raises TypeError/ValueError if not JSON)."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def run_call(
+    tool: BaseTool,
+    request: ToolRequest,
+    *,
+    worker: str = "",
+    attempt: int = 1,
+    limits: Limits = Limits(),
+    transient: tuple[type[BaseException], ...] = (),
+) -> ToolResult:
+    """Run ``request`` on ``tool`` and return the result; tool failures become error results.
+
+    Args:
+        tool: The LangChain tool to run.
+        request: The call, as received from the wire.
+        worker: Name of the worker node, recorded in the result.
+        attempt: 1-based attempt number (Celery retries raise it).
+        limits: Byte limits and the soft time limit (named in timeout messages).
+        transient: Exception types the tool's policy retries.
+
+    Returns:
+        The result: content, artifact, status and where and how long it ran.
+
+    Raises:
+        TransientToolError: the tool raised one of ``transient``; the caller retries.
+    """
+    base = {"worker": worker, "pid": os.getpid()}
+    try:
+        arg_bytes = json_size(request.args)
+    except (TypeError, ValueError) as exc:
+        return ToolResult.error("protocol", error_text(exc), **base)
+    if arg_bytes > limits.max_arg_bytes:
+        return ToolResult.error(
+            "too_large",
+            f"Error: the arguments of '{request.tool}' are {arg_bytes} bytes, over the "
+            f"limit of {limits.max_arg_bytes} bytes.\n Please fix your mistakes.",
+            **base,
+        )
+
+    call = {"type": "tool_call", "name": tool.name, "args": request.args, "id": request.call_id}
+    ctx = CallContext(
+        call_id=request.call_id,
+        idempotency_key=request.idempotency_key,
+        thread_id=request.thread_id,
+        run_id=request.run_id,
+        attempt=attempt,
+    )
+    started = time.time()
+    t0 = time.perf_counter()
+    timing = {**base, "started_at": started}
+    try:
+        with call_scope(ctx):
+            output = tool.invoke(call)
+    except SoftTimeLimitExceeded:
+        return ToolResult.error(
+            "timeout",
+            timeout_text(tool.name, limits.soft_time_limit),
+            duration=time.perf_counter() - t0,
+            **timing,
+        )
+    except ValidationError as exc:
+        invocation = ToolInvocationError(
+            tool.name, exc, request.args, exc.errors(include_url=False)
+        )
+        return ToolResult.error(
+            "invalid_args", invocation.message, duration=time.perf_counter() - t0, **timing
+        )
+    except transient as exc:
+        raise TransientToolError(exc) from exc
+    except Exception as exc:
+        return ToolResult.error(
+            "tool_error", error_text(exc), duration=time.perf_counter() - t0, **timing
+        )
+    duration = time.perf_counter() - t0
+    return _to_result(tool.name, output, limits, duration=duration, **timing)
+
+
+def _to_result(name: str, output: Any, limits: Limits, **timing: Any) -> ToolResult:
+    if not isinstance(output, ToolMessage):
+        return ToolResult.error(
+            "bad_result",
+            f"Error: tool '{name}' returned {type(output).__name__}, which cannot cross "
+            "the wire (expected content or a ToolMessage).\n Please fix your mistakes.",
+            **timing,
+        )
+    content = msg_content_output(output.content)
+    try:
+        json_size(output.artifact)
+    except (TypeError, ValueError) as exc:
+        return ToolResult.error(
+            "bad_result",
+            f"Error: the artifact of tool '{name}' is not JSON ({exc}).\n"
+            " Please fix your mistakes.",
+            **timing,
+        )
+    content = _truncate(content, limits.max_result_bytes)
+    if content is None:
+        return ToolResult.error(
+            "too_large",
+            f"Error: the result of '{name}' is over the limit of "
+            f"{limits.max_result_bytes} bytes.\n Please fix your mistakes.",
+            **timing,
+        )
+    return ToolResult(
+        status="error" if output.status == "error" else "success",
+        error_kind="tool_error" if output.status == "error" else None,
+        content=content,
+        artifact=output.artifact,
+        **timing,
+    )
+
+
+def _truncate(content: str | list[Any], limit: int) -> str | list[Any] | None:
+    """Cut string content to ``limit`` bytes with a note; ``None`` if blocks are too big."""
+    if isinstance(content, str):
+        data = content.encode()
+        if len(data) <= limit:
+            return content
+        kept = data[:limit].decode(errors="ignore")
+        return kept + TRUNCATION_NOTE.format(size=len(data), limit=limit)
+    try:
+        size = json_size(content)
+    except (TypeError, ValueError):
+        return None
+    return content if size <= limit else None

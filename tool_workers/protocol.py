@@ -1,0 +1,160 @@
+"""The wire contract between the orchestrator and the tool workers.
+
+Both sides import this module and nothing else of each other. A tool call crosses
+the wire as one Celery task named ``tools.<tool name>`` whose single argument is a
+:class:`ToolRequest` (JSON); the task returns a :class:`ToolResult` (JSON). The
+orchestrator builds the ToolMessage itself, with the model's own ``tool_call_id``.
+
+Task ids are derived from the call's identity (thread, AIMessage, tool_call_id), so
+dispatching the same call twice attaches to the first dispatch instead of running
+the tool twice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PROTOCOL_VERSION = 1
+"""Bumped on any incompatible change to ToolRequest or ToolResult."""
+
+DEFAULT_QUEUE = "tools"
+"""Queue a tool is routed to unless its policy names another."""
+
+TASK_PREFIX = "tools."
+"""Every tool's Celery task is named ``tools.<tool name>``."""
+
+_TASK_ID_NAMESPACE = uuid.UUID("6b1f6d2e-54a4-4c52-9e0a-6f0f3c7d2a11")
+
+ErrorKind = Literal[
+    "tool_error",  # the tool raised
+    "invalid_args",  # arguments failed the tool's schema
+    "unknown_tool",  # no worker serves the tool
+    "timeout",  # soft or hard time limit
+    "redelivered",  # a non-idempotent call came back after a crash
+    "too_large",  # arguments or result over the byte limit
+    "bad_result",  # the tool returned something that is not JSON
+    "protocol",  # malformed request or unknown protocol version
+    "cancelled",  # revoked before it finished
+    "worker_lost",  # the worker died and the call could not be rerun
+    "unserved",  # no worker consumed the call's queue in time
+]
+
+
+def task_name(tool: str) -> str:
+    """Celery task name of a tool."""
+    return f"{TASK_PREFIX}{tool}"
+
+
+def tool_from_task(name: str) -> str | None:
+    """Tool name of a toolfleet task name, or ``None`` for other tasks."""
+    return name[len(TASK_PREFIX) :] if name.startswith(TASK_PREFIX) else None
+
+
+def call_key(thread_id: str | None, message_id: str | None, call_id: str) -> str:
+    """The identity of one tool call: its ``tool_call_id`` within its AIMessage and thread.
+
+    The AIMessage id is part of it because some model providers reuse short call ids
+    (``call_0``) on every turn; two turns of one thread must not share a task.
+    """
+    return f"{thread_id or ''}\x1f{message_id or ''}\x1f{call_id}"
+
+
+def task_id_for(key: str) -> str:
+    """Deterministic Celery task id of a call key (also the call's idempotency key)."""
+    return str(uuid.uuid5(_TASK_ID_NAMESPACE, key))
+
+
+class ToolRequest(BaseModel):
+    """One tool call as a worker receives it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    protocol_version: int = PROTOCOL_VERSION
+    tool: str
+    """Name of the tool to run."""
+    call_id: str
+    """The model's ``tool_call_id``."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Arguments as the model produced them."""
+    idempotency_key: str
+    """Stable across redeliveries and orchestrator restarts; tools may key side effects on it."""
+    thread_id: str | None = None
+    run_id: str | None = None
+
+
+class ToolResult(BaseModel):
+    """What a worker returns for one call: content, artifact and status, never the message."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    protocol_version: int = PROTOCOL_VERSION
+    status: Literal["success", "error"] = "success"
+    content: str | list[Any] = ""
+    """ToolMessage content: a string or a list of content blocks."""
+    artifact: Any = None
+    """The tool's artifact (``response_format="content_and_artifact"``), JSON only."""
+    error_kind: ErrorKind | None = None
+    worker: str = ""
+    """Celery node name of the worker that ran the call."""
+    pid: int = 0
+    """Process id that ran the call."""
+    started_at: float = 0.0
+    """Unix time the tool started."""
+    duration: float = 0.0
+    """Seconds the tool ran."""
+
+    @classmethod
+    def error(cls, kind: ErrorKind, message: str, **fields: Any) -> ToolResult:
+        """An error result the model can act on."""
+        return cls(status="error", error_kind=kind, content=message, **fields)
+
+
+def call_marker_key(key_prefix: str, task_id: str) -> str:
+    """Redis key set (``SET NX``) when a call is dispatched: guards against double sends."""
+    return f"{key_prefix}sent:{task_id}"
+
+
+def run_marker_key(key_prefix: str, task_id: str) -> str:
+    """Redis key a worker sets when it starts a call: detects redeliveries."""
+    return f"{key_prefix}started:{task_id}"
+
+
+def worker_registry_key(key_prefix: str, worker: str) -> str:
+    """Redis key where one worker publishes the tools it serves."""
+    return f"{key_prefix}workers:{worker}"
+
+
+def worker_registry_pattern(key_prefix: str) -> str:
+    """``SCAN`` pattern matching every worker's registry key."""
+    return f"{key_prefix}workers:*"
+
+
+class ToolSpec(BaseModel):
+    """What a worker publishes about one tool it serves (enough to bind and call it)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    """JSON schema of the arguments the model fills in (injected arguments left out)."""
+    return_direct: bool = False
+    queue: str = DEFAULT_QUEUE
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Policy the tool runs under: time limits, retries, idempotent, rate limit."""
+
+
+class WorkerEntry(BaseModel):
+    """One worker's registry entry, refreshed on an interval and expiring without it."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    protocol_version: int = PROTOCOL_VERSION
+    worker: str
+    pid: int
+    queues: list[str]
+    tools: list[ToolSpec]
+    updated_at: float

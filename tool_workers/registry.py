@@ -1,0 +1,114 @@
+"""The tool registry: each worker publishes what it serves; orchestrators read it.
+
+A worker writes one key (``<prefix>workers:<node name>``) holding a
+:class:`~tool_workers.protocol.WorkerEntry`: its queues and, for every tool routed to a
+queue it consumes, the tool's name, description, JSON schema, ``return_direct``, queue
+and options. The key is refreshed every ``registry_refresh`` seconds and expires after
+three missed refreshes, so a tool no live worker serves drops out of the registry.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable
+
+import redis
+
+from tool_workers.protocol import (
+    ToolSpec,
+    WorkerEntry,
+    worker_registry_key,
+    worker_registry_pattern,
+)
+
+log = logging.getLogger("toolfleet.registry")
+
+TTL_REFRESHES = 3
+"""A worker entry outlives this many refresh intervals without a refresh."""
+
+
+def build_entry(worker: str, queues: Iterable[str], specs: Iterable[ToolSpec]) -> WorkerEntry:
+    """The entry for a worker consuming ``queues``: only tools routed to those queues."""
+    queue_set = sorted(set(queues))
+    return WorkerEntry(
+        worker=worker,
+        pid=os.getpid(),
+        queues=queue_set,
+        tools=[spec for spec in specs if spec.queue in queue_set],
+        updated_at=time.time(),
+    )
+
+
+class RegistryPublisher:
+    """Keeps one worker's registry entry fresh from a daemon thread."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        key_prefix: str,
+        entry: WorkerEntry,
+        refresh: float,
+    ) -> None:
+        self._client = client
+        self._key = worker_registry_key(key_prefix, entry.worker)
+        self._entry = entry
+        self._refresh = refresh
+        self._ttl_ms = max(int(refresh * TTL_REFRESHES * 1000), 1000)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def publish(self) -> None:
+        """Write the entry now (raises on a Redis error)."""
+        entry = self._entry.model_copy(update={"updated_at": time.time()})
+        self._client.set(self._key, entry.model_dump_json(), px=self._ttl_ms)
+
+    def start(self) -> None:
+        """Publish now, then keep refreshing until :meth:`stop`."""
+        self.publish()
+        self._thread = threading.Thread(target=self._loop, name="toolfleet-registry", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._refresh):
+            try:
+                self.publish()
+            except redis.RedisError as exc:  # the broker may be restarting; try next time
+                log.warning("registry refresh failed: %r", exc)
+
+    def stop(self) -> None:
+        """Stop refreshing and remove the entry, so the worker's tools drop out at once."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            self._client.delete(self._key)
+        except redis.RedisError as exc:
+            log.warning("could not remove registry entry %s: %r", self._key, exc)
+
+
+def read_entries(client: redis.Redis, key_prefix: str) -> list[WorkerEntry]:
+    """Every live worker's entry."""
+    keys = list(client.scan_iter(match=worker_registry_pattern(key_prefix), count=500))
+    if not keys:
+        return []
+    entries = []
+    for raw in client.mget(keys):
+        if raw is None:  # expired between SCAN and MGET
+            continue
+        try:
+            entries.append(WorkerEntry.model_validate_json(raw))
+        except ValueError as exc:
+            log.warning("ignoring unreadable registry entry: %r", exc)
+    return entries
+
+
+def served_tools(entries: Iterable[WorkerEntry]) -> dict[str, ToolSpec]:
+    """The tools some live worker serves, by name (the most recently refreshed spec wins)."""
+    tools: dict[str, ToolSpec] = {}
+    for entry in sorted(entries, key=lambda e: e.updated_at):
+        for spec in entry.tools:
+            tools[spec.name] = spec
+    return tools

@@ -1,0 +1,182 @@
+"""Settings, read once where a process starts and passed down.
+
+Environment variables use the prefix ``TOOLFLEET_`` (``TOOLFLEET_BROKER_URL``,
+``TOOLFLEET_TOOL_MODULES``, ...). Per-tool policy (queue, time limits, retries,
+idempotency) lives in a TOML file, ``config/toolfleet.toml`` unless
+``TOOLFLEET_CONFIG`` names another::
+
+    [defaults]
+    time_limit = 300
+
+    [tools.run_python]
+    queue = "sandbox"
+    time_limit = 30
+    retries = 0
+    idempotent = false
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from tool_workers.errors import ConfigError
+from tool_workers.protocol import DEFAULT_QUEUE
+
+DEFAULT_CONFIG_PATH = Path("config/toolfleet.toml")
+
+
+class ToolPolicy(BaseModel):
+    """How one tool runs on the workers. Every field may be set under ``[defaults]``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    queue: str = DEFAULT_QUEUE
+    """Celery queue the tool's task is routed to."""
+    time_limit: float = Field(default=300.0, gt=0)
+    """Hard limit in seconds: the pool process running the call is killed and replaced."""
+    soft_time_limit: float | None = None
+    """Soft limit in seconds: raised inside the tool. Defaults to ``time_limit - 1``."""
+    retries: int = Field(default=0, ge=0)
+    """How many times Celery retries a call that raised a transient exception."""
+    retry_backoff: float = Field(default=1.0, ge=0)
+    """First retry delay in seconds; doubled on each further retry."""
+    retry_backoff_max: float = Field(default=60.0, ge=0)
+    """Upper bound for a retry delay."""
+    retry_on: tuple[str, ...] = ("ConnectionError", "TimeoutError")
+    """Exception class names (or dotted paths) that count as transient."""
+    idempotent: bool = True
+    """False: a call redelivered after a crash is not run again (an error is returned)."""
+    rate_limit: str | None = None
+    """Celery rate limit per worker, e.g. ``"10/m"``."""
+    max_arg_bytes: int | None = None
+    """Refuse calls whose JSON arguments exceed this size (``None``: the global limit)."""
+    max_result_bytes: int | None = None
+    """Truncate results whose content exceeds this size (``None``: the global limit)."""
+
+    @model_validator(mode="after")
+    def _check_limits(self) -> ToolPolicy:
+        if self.soft_time_limit is not None and self.soft_time_limit >= self.time_limit:
+            raise ValueError("soft_time_limit must be below time_limit")
+        return self
+
+    @property
+    def effective_soft_limit(self) -> float:
+        """The soft limit, defaulting to one second (or 10%) before the hard limit."""
+        if self.soft_time_limit is not None:
+            return self.soft_time_limit
+        return max(self.time_limit - 1.0, self.time_limit * 0.9)
+
+
+class ToolPolicies(BaseModel):
+    """All per-tool policy: defaults plus overrides by tool name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    defaults: ToolPolicy = ToolPolicy()
+    tools: dict[str, dict[str, Any]] = {}
+
+    def for_tool(self, name: str) -> ToolPolicy:
+        """Return the policy for ``name``: the defaults with its overrides applied."""
+        overrides = self.tools.get(name)
+        if not overrides:
+            return self.defaults
+        return ToolPolicy.model_validate({**self.defaults.model_dump(), **overrides})
+
+    def longest_time_limit(self) -> float:
+        """The longest hard time limit any configured tool (or the defaults) has."""
+        return max(
+            [self.defaults.time_limit] + [self.for_tool(name).time_limit for name in self.tools]
+        )
+
+    def longest_retry_backoff(self) -> float:
+        """The longest retry delay any configured tool (or the defaults) may wait."""
+        return max(
+            [self.defaults.retry_backoff_max]
+            + [self.for_tool(name).retry_backoff_max for name in self.tools]
+        )
+
+    @classmethod
+    def load(cls, path: Path) -> ToolPolicies:
+        """Read a policy TOML file.
+
+        Raises:
+            ConfigError: the file does not parse or a value is invalid.
+        """
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read tool policy {path}: {exc}") from exc
+        try:
+            policies = cls.model_validate(data)
+            for name in policies.tools:  # validate every override now, not at first call
+                policies.for_tool(name)
+        except ValueError as exc:
+            raise ConfigError(f"invalid tool policy in {path}: {exc}") from exc
+        return policies
+
+
+class Settings(BaseSettings):
+    """Every toolfleet setting. Construct once at process start and pass it down."""
+
+    model_config = SettingsConfigDict(env_prefix="TOOLFLEET_", extra="ignore", frozen=True)
+
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    """Redis URL of the Celery broker (``redis://``, ``rediss://`` for TLS)."""
+    result_backend: str | None = None
+    """Redis URL of the result backend; defaults to ``broker_url``."""
+    tool_modules: Annotated[tuple[str, ...], NoDecode] = ()
+    """Comma-separated modules whose tools the worker serves; empty: the built-in toolset."""
+    config: Path | None = None
+    """Tool policy TOML; default ``config/toolfleet.toml`` when that file exists."""
+    namespace: str = ""
+    """Prefix for every Redis key and queue, so several deployments can share one Redis."""
+    registry_refresh: float = Field(default=10.0, gt=0)
+    """Seconds between a worker's re-publications of the tools it serves."""
+    result_expires: int = Field(default=86_400, gt=0)
+    """Seconds a tool result is kept, so a restarted orchestrator can still collect it."""
+    unserved_wait: float = Field(default=10.0, ge=0)
+    """Seconds a call waits for a worker serving its tool before it fails with an error."""
+    workspace_root: Path = Path("workspace")
+    """Root directory of the built-in workspace tools; paths outside it are refused."""
+    max_arg_bytes: int = Field(default=1_000_000, gt=0)
+    """Largest JSON size of one call's arguments."""
+    max_result_bytes: int = Field(default=1_000_000, gt=0)
+    """Largest size of one result's content; larger ones are truncated with a note."""
+    prefetch_multiplier: int = Field(default=1, ge=0)
+    """Messages a worker process reserves ahead (1 keeps long calls from queueing behind)."""
+    log_json: bool = False
+    """Log one JSON object per line."""
+
+    @field_validator("tool_modules", mode="before")
+    @classmethod
+    def _split_modules(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @property
+    def backend_url(self) -> str:
+        """The result backend URL (the broker's unless set)."""
+        return self.result_backend or self.broker_url
+
+    @property
+    def key_prefix(self) -> str:
+        """Prefix of toolfleet's own Redis keys."""
+        return f"{self.namespace}:toolfleet:" if self.namespace else "toolfleet:"
+
+    def policies(self) -> ToolPolicies:
+        """Load the per-tool policy named by ``config`` (empty policy if none).
+
+        Raises:
+            ConfigError: ``TOOLFLEET_CONFIG`` names a missing or invalid file.
+        """
+        if self.config is not None:
+            return ToolPolicies.load(self.config)
+        if DEFAULT_CONFIG_PATH.is_file():
+            return ToolPolicies.load(DEFAULT_CONFIG_PATH)
+        return ToolPolicies()

@@ -1,0 +1,228 @@
+"""One Celery task per tool, named ``tools.<tool name>``.
+
+The task body decodes the request, decides whether this delivery may run (a call that
+comes back after its worker died is a redelivery: non-idempotent tools are not run
+again), runs the tool, and retries transient failures through Celery so every attempt
+shows in Flower.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from celery import Celery, Task
+from langchain_core.tools import BaseTool
+from pydantic import ValidationError
+
+from tool_workers.execute import Limits, TransientToolError, error_text, run_call
+from tool_workers.protocol import (
+    PROTOCOL_VERSION,
+    ToolRequest,
+    ToolResult,
+    ToolSpec,
+    run_marker_key,
+    task_name,
+)
+from tool_workers.settings import Settings, ToolPolicies, ToolPolicy
+
+log = logging.getLogger("toolfleet.worker")
+
+MAX_CRASH_REDELIVERIES = 2
+"""How many times an idempotent call is run again after its worker died under it."""
+
+
+def tool_spec(tool: BaseTool, policy: ToolPolicy) -> ToolSpec:
+    """What the registry publishes about ``tool``."""
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    function = convert_to_openai_tool(tool)["function"]
+    return ToolSpec(
+        name=tool.name,
+        description=function.get("description", tool.description),
+        parameters=function.get("parameters", {}),
+        return_direct=tool.return_direct,
+        queue=policy.queue,
+        options={
+            "time_limit": policy.time_limit,
+            "soft_time_limit": policy.effective_soft_limit,
+            "retries": policy.retries,
+            "idempotent": policy.idempotent,
+            "rate_limit": policy.rate_limit,
+        },
+    )
+
+
+def register_tools(
+    app: Celery, tools: list[BaseTool], settings: Settings, policies: ToolPolicies
+) -> dict[str, ToolSpec]:
+    """Register a ``tools.<name>`` task for each tool; return their specs by name."""
+    specs: dict[str, ToolSpec] = {}
+    for tool in tools:
+        policy = policies.for_tool(tool.name)
+        _register(app, tool, settings, policy)
+        specs[tool.name] = tool_spec(tool, policy)
+    return specs
+
+
+def _is_transient(exc: BaseException, names: tuple[str, ...]) -> bool:
+    for cls in type(exc).__mro__:
+        if cls.__name__ in names or f"{cls.__module__}.{cls.__qualname__}" in names:
+            return True
+    return False
+
+
+def _register(app: Celery, tool: BaseTool, settings: Settings, policy: ToolPolicy) -> None:
+    limits = Limits(
+        max_arg_bytes=policy.max_arg_bytes or settings.max_arg_bytes,
+        max_result_bytes=policy.max_result_bytes or settings.max_result_bytes,
+        soft_time_limit=policy.effective_soft_limit,
+    )
+    transient_names = policy.retry_on if policy.retries else ()
+    key_prefix = settings.key_prefix
+    expires = settings.result_expires
+
+    @app.task(  # type: ignore[untyped-decorator]
+        name=task_name(tool.name),
+        bind=True,
+        typing=False,
+        queue=policy.queue,
+        time_limit=policy.time_limit,
+        soft_time_limit=policy.effective_soft_limit,
+        rate_limit=policy.rate_limit,
+        max_retries=policy.retries,
+        acks_late=True,
+        reject_on_worker_lost=True,
+    )
+    def run_tool(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        worker = self.request.hostname or ""
+        raw = args[0] if args else kwargs.get("request")
+        request = _decode(raw, tool.name, worker)
+        if isinstance(request, ToolResult):
+            return request.model_dump(mode="json")
+
+        attempt = self.request.retries + 1
+        refusal = _check_delivery(self, key_prefix, expires, attempt, tool.name, policy, worker)
+        if refusal is not None:
+            return refusal
+
+        t0 = time.perf_counter()
+        try:
+            result = run_call(
+                tool,
+                request,
+                worker=worker,
+                attempt=attempt,
+                limits=limits,
+                transient=(Exception,) if transient_names else (),
+            )
+        except TransientToolError as err:
+            if _is_transient(err.exc, transient_names) and self.request.retries < policy.retries:
+                delay = min(
+                    policy.retry_backoff * 2**self.request.retries, policy.retry_backoff_max
+                )
+                log.warning(
+                    "tool %s call %s failed (%r); retry %d/%d in %.1fs",
+                    tool.name,
+                    request.call_id,
+                    err.exc,
+                    attempt,
+                    policy.retries,
+                    delay,
+                )
+                raise self.retry(exc=err.exc, countdown=delay) from err.exc
+            result = ToolResult.error(
+                "tool_error", error_text(err.exc), worker=worker, duration=time.perf_counter() - t0
+            )
+        log.info(
+            "tool call finished",
+            extra={
+                "toolfleet": {
+                    "side": "worker",
+                    "tool": tool.name,
+                    "tool_call_id": request.call_id,
+                    "thread_id": request.thread_id,
+                    "run_id": request.run_id,
+                    "task_id": self.request.id,
+                    "worker": worker,
+                    "attempt": attempt,
+                    "duration_ms": round(result.duration * 1000, 3),
+                    "outcome": result.error_kind or "success",
+                }
+            },
+        )
+        return result.model_dump(mode="json")
+
+
+def _decode(raw: Any, tool: str, worker: str) -> ToolRequest | ToolResult:
+    """The request, or an error result the model can read if it is malformed."""
+    if isinstance(raw, dict) and raw.get("protocol_version", PROTOCOL_VERSION) != PROTOCOL_VERSION:
+        log.error("refused call to %s: protocol version %r", tool, raw.get("protocol_version"))
+        return ToolResult.error(
+            "protocol",
+            f"Error: the call to '{tool}' uses protocol version {raw.get('protocol_version')!r}; "
+            f"this worker speaks version {PROTOCOL_VERSION}.\n Please fix your mistakes.",
+            worker=worker,
+        )
+    try:
+        return ToolRequest.model_validate(raw)
+    except ValidationError as exc:
+        log.error("refused malformed call to %s: %s", tool, exc)
+        return ToolResult.error(
+            "protocol",
+            f"Error: the call to '{tool}' is malformed: "
+            f"{exc.error_count()} error(s): {exc.errors(include_url=False)}\n"
+            " Please fix your mistakes.",
+            worker=worker,
+        )
+
+
+def _check_delivery(
+    task: Task,
+    key_prefix: str,
+    expires: int,
+    attempt: int,
+    tool: str,
+    policy: ToolPolicy,
+    worker: str,
+) -> dict[str, Any] | None:
+    """Count this start; refuse a redelivery that must not run (returns the result to give).
+
+    Every start of a call increments a counter. Celery retries raise the attempt number,
+    so ``starts - attempt`` is how many times a worker died under this call.
+    """
+    task_id = task.request.id
+    client = task.backend.client
+    key = run_marker_key(key_prefix, task_id)
+    with client.pipeline(transaction=True) as pipe:
+        pipe.incr(key)
+        pipe.expire(key, expires)
+        starts, _ = pipe.execute()
+    crashes = int(starts) - attempt
+    if crashes <= 0:
+        return None
+    stored = task.backend.get_task_meta(task_id)
+    if stored.get("status") == "SUCCESS" and isinstance(stored.get("result"), dict):
+        # The call finished but its acknowledgement was lost: hand back the same result.
+        log.warning("call %s to %s already finished; returning its stored result", task_id, tool)
+        return dict(stored["result"])
+    if not policy.idempotent:
+        log.error("refused redelivered call %s to non-idempotent tool %s", task_id, tool)
+        return ToolResult.error(
+            "redelivered",
+            f"Error: the call to '{tool}' was interrupted when its worker stopped, and may "
+            "have partially run. It was not run again because the tool is not idempotent.\n"
+            " Check whether its effect happened before calling it again.",
+            worker=worker,
+        ).model_dump(mode="json")
+    if crashes > MAX_CRASH_REDELIVERIES:
+        log.error("call %s to %s crashed its worker %d times; giving up", task_id, tool, crashes)
+        return ToolResult.error(
+            "worker_lost",
+            f"Error: the call to '{tool}' stopped its worker {crashes} times and was not run "
+            "again.\n Please fix your mistakes.",
+            worker=worker,
+        ).model_dump(mode="json")
+    log.warning("running redelivered call %s to idempotent tool %s again", task_id, tool)
+    return None
