@@ -1,0 +1,257 @@
+"""``toolfleet demo``: a whole fleet on this machine, one agent run, every process stopped.
+
+Starts an embedded Redis-compatible server, two tool workers with the stock Celery CLI,
+and runs an agent whose tool calls fan out across them; prints, for each call, which
+worker process ran it and for how long, then the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from langchain.agents import create_agent
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from rich.console import Console
+
+from orchestrator.discovery import discover_tools
+from orchestrator.fleet import close_all, dispatcher_for
+from orchestrator.local import EmbeddedRedis, WorkerProcess
+from orchestrator.middleware import CeleryToolMiddleware
+from orchestrator.scripted import ScriptedChatModel, tool_calls_message
+from tool_workers.settings import DEFAULT_CONFIG_PATH, Settings
+
+DEFAULT_PROMPT = (
+    "Survey the project in the workspace: what files it has, what is left TODO, what the "
+    "README says, and how many lines of Python it holds. Then summarise."
+)
+
+SAMPLE_PROJECT = {
+    "README.md": "# inventory\n\nA tiny inventory service: stock levels per warehouse.\n",
+    "inventory/__init__.py": '"""Inventory service."""\n',
+    "inventory/stock.py": (
+        "def level(item, warehouse):\n"
+        "    # TODO: read from the database instead of the fixture\n"
+        "    return FIXTURE.get((item, warehouse), 0)\n\n"
+        "FIXTURE = {('bolt', 'north'): 120, ('nut', 'south'): 80}\n"
+    ),
+    "inventory/api.py": (
+        "from inventory.stock import level\n\n"
+        "def get_level(item, warehouse):\n"
+        "    # TODO: validate the warehouse name\n"
+        "    return {'item': item, 'warehouse': warehouse, 'level': level(item, warehouse)}\n"
+    ),
+    "notes.txt": "Release checklist:\n- TODO: write the changelog\n- tag the release\n",
+}
+
+COUNT_LINES = (
+    "import pathlib\n"
+    "files = sorted(pathlib.Path('{root}').rglob('*.py'))\n"
+    "print(sum(len(f.read_text().splitlines()) for f in files), 'lines in', len(files), 'files')\n"
+)
+
+
+def scripted_model(workspace: Path | None = None) -> ScriptedChatModel:
+    """The deterministic demo model: one fan-out of tool calls, then a summary of results.
+
+    Args:
+        workspace: The workers' workspace root as the sandbox sees it (the demo's local
+            one); ``None`` for a remote fleet, where ``run_python`` counts from ``.``.
+    """
+    code = COUNT_LINES.format(root=workspace or ".")
+
+    def policy(messages: Sequence[BaseMessage]) -> AIMessage:
+        if messages[-1].type == "human":
+            return tool_calls_message(
+                [
+                    ("list_dir", {"path": "."}),
+                    ("list_dir", {"path": "inventory"}),
+                    ("grep", {"pattern": "TODO"}),
+                    ("read_file", {"path": "README.md"}),
+                    ("run_python", {"code": code}),
+                    ("sleep", {"seconds": 0.5}),
+                ],
+                content="I'll look at the workspace from several angles at once.",
+            )
+        return AIMessage(content=_summarise([m for m in messages if isinstance(m, ToolMessage)]))
+
+    return ScriptedChatModel(policy=policy)
+
+
+def _summarise(results: list[ToolMessage]) -> str:
+    by_tool: dict[str, list[str]] = {}
+    for message in results:
+        by_tool.setdefault(message.name or "", []).append(str(message.content))
+    todos = [line for line in "\n".join(by_tool.get("grep", [])).splitlines() if "TODO" in line]
+    readme = "\n".join(by_tool.get("read_file", []))
+    readme_line = next((ln.split("\t", 1)[-1] for ln in readme.splitlines() if "tiny" in ln), "")
+    counted = next(
+        (ln for ln in "\n".join(by_tool.get("run_python", [])).splitlines() if "lines in" in ln),
+        "an unknown number of lines",
+    )
+    lines = [
+        f"The workspace is a small Python project; the README says: {readme_line.strip()}",
+        f"It holds {counted.strip()}.",
+        f"{len(todos)} TODOs are open:",
+        *[f"  - {todo.strip()}" for todo in todos],
+    ]
+    return "\n".join(lines)
+
+
+def seed_workspace(root: Path) -> None:
+    """Write the sample project the demo agent surveys."""
+    for relative, text in SAMPLE_PROJECT.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def run_demo(
+    *,
+    model: str | None = None,
+    prompt: str = DEFAULT_PROMPT,
+    workers: int = 2,
+    concurrency: int = 2,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Run the demo end to end and stop everything it started.
+
+    Args:
+        model: ``provider:name`` for ``init_chat_model``; the scripted model if ``None``.
+        prompt: What the user asks.
+        workers: Worker processes to start.
+        concurrency: Pool processes per worker.
+        console: Where to print (a new rich console if omitted).
+
+    Returns:
+        The final agent state.
+    """
+    console = console or Console()
+    with tempfile.TemporaryDirectory(prefix="toolfleet-demo-") as tmp:
+        root = Path(tmp)
+        workspace = root / "workspace"
+        seed_workspace(workspace)
+        with EmbeddedRedis(root / "redis") as server:
+            settings = Settings(
+                broker_url=server.url,
+                workspace_root=workspace,
+                config=DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None,
+                registry_refresh=2.0,
+            )
+            console.print(f"[bold]embedded server[/] {server.url}")
+            fleet = [
+                WorkerProcess(
+                    settings,
+                    name=f"demo-worker-{i + 1}",
+                    pool="prefork",
+                    concurrency=concurrency,
+                    queues=("tools", "sandbox"),
+                    log_file=root / f"worker-{i + 1}.log",
+                )
+                for i in range(workers)
+            ]
+            try:
+                t0 = time.perf_counter()
+                for worker in fleet:
+                    worker.start()
+                for worker in fleet:
+                    worker.wait_ready()
+                    console.print(f"[bold]worker[/] {worker.hostname} (pid {worker.pid}) ready")
+                console.print(f"fleet up in {time.perf_counter() - t0:.1f} s\n")
+                return run_agent(settings, model, prompt, console=console, workspace=workspace)
+            finally:
+                close_all()
+                for worker in fleet:
+                    worker.stop(grace=10)
+                console.print("\nstopped the workers and the embedded server")
+
+
+def _chat_model(spec: str | None, workspace: Path | None, console: Console) -> BaseChatModel:
+    if spec is None:
+        console.print(
+            "[yellow]No --model given: using toolfleet's deterministic scripted model "
+            "(no API key needed). Pass --model provider:name for a real one.[/]\n"
+        )
+        return scripted_model(workspace)
+    from langchain.chat_models import init_chat_model
+
+    console.print(f"model: {spec}\n")
+    return init_chat_model(spec)
+
+
+def run_agent(
+    settings: Settings,
+    model_spec: str | None,
+    prompt: str,
+    *,
+    console: Console,
+    workspace: Path | None = None,
+    wait_for_workers: float = 10.0,
+    thread_id: str | None = None,
+) -> dict[str, Any]:
+    """Run one agent turn against the fleet ``settings`` point at, printing each step.
+
+    Args:
+        settings: Where the broker and the workers are.
+        model_spec: ``provider:name``; the scripted model if ``None``.
+        prompt: What the user asks.
+        console: Where to print.
+        workspace: The workers' workspace path, when it is on this machine.
+        wait_for_workers: Seconds to wait for a worker to publish its tools.
+        thread_id: Conversation thread id (a fresh one if omitted).
+
+    Returns:
+        The final agent state.
+    """
+    dispatcher = dispatcher_for(settings=settings)
+    tools = discover_tools(dispatcher=dispatcher, wait=wait_for_workers)
+    if not tools:
+        raise SystemExit(f"no worker published any tool within {wait_for_workers:g} s")
+    agent = create_agent(
+        _chat_model(model_spec, workspace, console),
+        tools,
+        system_prompt="You are a careful engineer. Use the tools; call independent ones together.",
+        middleware=[CeleryToolMiddleware(dispatcher=dispatcher)],
+    )
+    console.print(f"[bold cyan]user[/] {prompt}\n")
+    state: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    config = {"configurable": {"thread_id": thread_id or str(uuid.uuid4())}}
+    for mode, chunk in agent.stream(
+        {"messages": [("user", prompt)]}, config, stream_mode=["updates", "values"]
+    ):
+        if mode == "values":
+            state = chunk
+            continue
+        for update in chunk.values():
+            for message in (update or {}).get("messages", []):
+                _show(message, console)
+    console.print(f"\nrun took {time.perf_counter() - t0:.2f} s")
+    return state
+
+
+def _show(message: BaseMessage, console: Console) -> None:
+    if isinstance(message, AIMessage):
+        if message.content:
+            console.print(f"[bold green]agent[/] {message.content}")
+        for call in message.tool_calls:
+            args = json.dumps(call["args"])
+            console.print(f"  -> {call['name']}({args})", no_wrap=True, overflow="ellipsis")
+    elif isinstance(message, ToolMessage):
+        meta = message.response_metadata.get("toolfleet", {})
+        text = " ".join(str(message.content).split())
+        status = "[green]ok[/]   " if message.status == "success" else "[red]error[/]"
+        console.print(
+            f"  <- {message.name:<10} [magenta]{meta.get('worker', '?'):<18}[/] "
+            f"pid {meta.get('pid', '?'):<7} {meta.get('duration', 0) * 1000:6.0f} ms  {status} "
+            f"[dim]{text}[/]",
+            no_wrap=True,
+            overflow="ellipsis",
+            markup=True,
+        )

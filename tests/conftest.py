@@ -1,0 +1,191 @@
+"""Shared fixtures: a real Redis server, a key namespace per test, real worker processes.
+
+Redis is the server at ``TOOLFLEET_TEST_REDIS_URL`` when set (CI points it at the
+machine's Redis), else an embedded ``valkey-server`` this session starts. Every test
+gets its own namespace, which prefixes every key and queue it touches (Celery's,
+kombu's and toolfleet's), so tests and concurrent runs never see each other's calls;
+the session deletes its keys at the end. A missing server fails the run: it never
+skips.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from orchestrator.fleet import close_all
+from orchestrator.local import EmbeddedRedis, WorkerProcess
+from tool_workers.settings import Settings
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_POLICY = REPO / "tests" / "fleet_policy.toml"
+RUN_ID = uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """URL of the Redis server the tests use."""
+    url = os.environ.get("TOOLFLEET_TEST_REDIS_URL")
+    if url:
+        client = redis.Redis.from_url(url)
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            pytest.fail(f"TOOLFLEET_TEST_REDIS_URL={url} does not answer: {exc!r}")
+        client.close()
+        yield url
+        _delete_keys(url, f"tft-{RUN_ID}-*")
+        return
+    with EmbeddedRedis() as server:
+        yield server.url
+
+
+def _delete_keys(url: str, pattern: str) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        batch = []
+        for key in client.scan_iter(match=pattern, count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                client.unlink(*batch)
+                batch.clear()
+        if batch:
+            client.unlink(*batch)
+    finally:
+        client.close()
+
+
+def new_namespace() -> str:
+    """A key namespace no other test or test run uses."""
+    return f"tft-{RUN_ID}-{uuid.uuid4().hex[:8]}"
+
+
+def fleet_settings(redis_url: str, workdir: Path, **overrides: Any) -> Settings:
+    """Settings for a test fleet, in a fresh namespace unless one is given."""
+    values: dict[str, Any] = {
+        "broker_url": redis_url,
+        "namespace": new_namespace(),
+        "tool_modules": ("tests.fleet_tools",),
+        "config": TEST_POLICY,
+        "workspace_root": workdir / "workspace",
+        "registry_refresh": 1.0,
+        "unserved_wait": 2.0,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture
+def make_settings(redis_url: str, tmp_path: Path) -> Callable[..., Settings]:
+    """Settings for the test fleet; each call without ``namespace`` gets a fresh one."""
+
+    def make(**overrides: Any) -> Settings:
+        return fleet_settings(redis_url, tmp_path, **overrides)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def shared_fleet(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    """A fleet the read-only integration tests share: a prefork worker (time limits) and a
+    threads worker (I/O fan-out). Tests that kill, restart or count workers start their own.
+    """
+    workdir = tmp_path_factory.mktemp("shared-fleet")
+    settings = fleet_settings(redis_url, workdir)
+    workers = [
+        WorkerProcess(
+            settings,
+            name="tf-shared-prefork",
+            pool="prefork",
+            concurrency=2,
+            queues=("tools", "prefork"),
+            log_file=workdir / "prefork.log",
+            extra_env=worker_env(settings),
+        ),
+        WorkerProcess(
+            settings,
+            name="tf-shared-threads",
+            pool="threads",
+            concurrency=64,
+            queues=("tools",),
+            log_file=workdir / "threads.log",
+            extra_env=worker_env(settings),
+        ),
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        for worker in workers:
+            worker.wait_ready()
+        yield settings
+    finally:
+        for worker in workers:
+            worker.stop(grace=5)
+
+
+def worker_env(settings: Settings) -> dict[str, str]:
+    """Environment the test tools need on the worker side."""
+    return {
+        "PYTHONPATH": str(REPO),
+        "TOOLFLEET_TEST_COUNTER_URL": settings.broker_url,
+    }
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start real ``celery worker`` processes; all are stopped after the test."""
+    started: list[WorkerProcess] = []
+
+    def start(settings: Settings, *, wait: bool = True, **kwargs: Any) -> WorkerProcess:
+        log = tmp_path / f"worker-{len(started)}.log"
+        kwargs.setdefault("queues", ("tools", "prefork"))
+        worker = WorkerProcess(
+            settings,
+            log_file=log,
+            extra_env={**worker_env(settings), **kwargs.pop("extra_env", {})},
+            **kwargs,
+        )
+        started.append(worker)
+        worker.start()
+        if wait:
+            try:
+                worker.wait_ready()
+            except RuntimeError:
+                print(log.read_text(errors="replace")[-4000:])
+                raise
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop(grace=5)
+
+
+@pytest.fixture
+def counter(redis_url: str) -> Iterator[redis.Redis]:
+    """A client of the test Redis, for reading side-effect counters."""
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def effects(client: redis.Redis, settings: Settings, kind: str) -> dict[str, int]:
+    """How many times each call (by idempotency key) of ``kind`` really ran."""
+    prefix = f"{settings.namespace}:effects:{kind}:"
+    runs: dict[str, int] = {}
+    for raw in client.lrange(f"{prefix}log", 0, -1):
+        key = raw.decode()
+        runs[key] = runs.get(key, 0) + 1
+    return runs
+
+
+@pytest.fixture(autouse=True)
+def _close_dispatchers() -> Iterator[None]:
+    # Each test's dispatchers (and their listener threads) end with the test.
+    yield
+    close_all()

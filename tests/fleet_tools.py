@@ -1,0 +1,162 @@
+"""Tools the integration and fault tests serve from real workers.
+
+Side effects are counted in Redis (``TOOLFLEET_TEST_COUNTER_URL``), keyed by the call's
+idempotency key, so a test can tell how many times each call really ran.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+from langchain_core.tools import BaseTool, tool
+from pydantic import BaseModel
+
+from tool_workers import current_call
+
+LOCAL_RUNS: list[str] = []
+"""Names of tools that ran in this process (the orchestrator's must stay empty)."""
+
+_client: redis.Redis | None = None
+
+
+def _counter() -> redis.Redis:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(os.environ["TOOLFLEET_TEST_COUNTER_URL"])
+    return _client
+
+
+def _ns() -> str:
+    return os.environ.get("TOOLFLEET_NAMESPACE", "")
+
+
+def record(kind: str) -> int:
+    """Count one real execution of the current call; returns how many so far."""
+    ctx = current_call()
+    key = ctx.idempotency_key if ctx else "no-call"
+    client = _counter()
+    client.rpush(f"{_ns()}:effects:{kind}:log", key)
+    return int(client.incr(f"{_ns()}:effects:{kind}:{key}"))
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    LOCAL_RUNS.append("add")
+    return a + b
+
+
+@tool
+def whoami() -> str:
+    """Report the process that ran the call."""
+    LOCAL_RUNS.append("whoami")
+    return f"pid={os.getpid()}"
+
+
+@tool
+def sleep_for(seconds: float, label: str = "") -> str:
+    """Sleep, then report."""
+    LOCAL_RUNS.append("sleep_for")
+    time.sleep(seconds)
+    return f"{label or 'slept'} {seconds}"
+
+
+@tool
+def boom(reason: str) -> str:
+    """Always fails."""
+    raise ValueError(f"boom: {reason}")
+
+
+@tool(response_format="content_and_artifact")
+def with_artifact(n: int) -> tuple[str, dict[str, Any]]:
+    """Content plus an artifact."""
+    return f"{n} squares", {"squares": [i * i for i in range(n)]}
+
+
+@tool
+def blocks() -> list[dict[str, Any]]:
+    """Content blocks."""
+    return [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]
+
+
+@tool(return_direct=True)
+def finish(answer: str) -> str:
+    """Return the answer straight to the user."""
+    return f"final: {answer}"
+
+
+@tool
+def hang(seconds: float = 30.0) -> str:
+    """Sleeps past its time limit (the soft limit interrupts it)."""
+    time.sleep(seconds)
+    return "woke up"
+
+
+@tool
+def hard_hang(seconds: float = 30.0) -> str:
+    """Ignores the soft time limit, so only the hard limit stops it."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            time.sleep(0.05)
+        except BaseException:  # swallowing the soft time limit is the point
+            continue
+    return "woke up"
+
+
+@tool
+def charge(amount: int, seconds: float = 0.0) -> str:
+    """A non-idempotent side effect (counted), optionally slow."""
+    n = record("charge")
+    time.sleep(seconds)
+    return f"charged {amount} (run {n})"
+
+
+@tool
+def touch(tag: str, seconds: float = 0.0) -> str:
+    """An idempotent side effect (counted), optionally slow."""
+    n = record("touch")
+    time.sleep(seconds)
+    return f"touched {tag} (run {n})"
+
+
+@tool
+def flaky(times: int) -> str:
+    """Fails with ConnectionError the first ``times`` attempts of a call."""
+    ctx = current_call()
+    n = record("flaky")
+    if n <= times:
+        raise ConnectionError(f"transient failure {n}")
+    return f"ok after {n} attempts (attempt {ctx.attempt if ctx else 0})"
+
+
+class _Opaque:
+    pass
+
+
+@tool(response_format="content_and_artifact")
+def opaque_artifact() -> tuple[str, Any]:
+    """Its artifact is not JSON."""
+    return "content", _Opaque()
+
+
+class EchoInput(BaseModel):
+    text: str
+
+
+class EchoTool(BaseTool):
+    """A BaseTool subclass (not a decorated function)."""
+
+    name: str = "echo_cls"
+    description: str = "Echo the text back."
+    args_schema: type[BaseModel] = EchoInput
+
+    def _run(self, text: str) -> str:
+        LOCAL_RUNS.append("echo_cls")
+        return f"echo: {text}"
+
+
+echo_cls = EchoTool()

@@ -1,0 +1,164 @@
+"""The worker: stock Celery CLI, one task per tool, JSON only, the registry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from orchestrator import dispatcher_for
+from orchestrator.dispatch import PreparedCall
+from orchestrator.local import settings_env
+from tests.conftest import REPO, worker_env
+from tool_workers.app import create_app
+from tool_workers.protocol import (
+    ToolRequest,
+    WorkerEntry,
+    task_id_for,
+    task_name,
+    worker_registry_key,
+)
+from tool_workers.settings import Settings
+
+pytestmark = pytest.mark.timeout(120)
+
+TEST_TOOLS = {
+    "add", "whoami", "sleep_for", "boom", "with_artifact", "blocks", "finish", "hang",
+    "hard_hang", "charge", "touch", "flaky", "opaque_artifact", "echo_cls",
+}  # fmt: skip
+
+
+def celery_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **settings_env(settings), **worker_env(settings)}
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tool_workers", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def call(tool: str, **args: Any) -> PreparedCall:
+    call_id = f"call-{time.monotonic_ns()}"
+    return PreparedCall(tool=tool, call_id=call_id, args=args, task_id=task_id_for(call_id))
+
+
+def test_one_registered_task_per_tool(shared_fleet: Settings) -> None:
+    """Given a running worker, when `celery inspect registered` asks it, then it lists one
+    task named tools.<name> per tool of the configured module."""
+    result = celery_cli(
+        shared_fleet, "inspect", "registered", "-d", "tf-shared-threads@" + os.uname().nodename,
+        "--json",
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr
+    replies = json.loads(result.stdout.strip().splitlines()[-1])
+    (registered,) = replies.values()
+    assert {name for name in registered if name.startswith("tools.")} == {
+        task_name(tool) for tool in TEST_TOOLS
+    }
+
+
+def test_registry_lists_tools_per_worker_and_queue(shared_fleet: Settings) -> None:
+    """Given two workers consuming different queues, when the registry is read, then each
+    lists only the tools routed to its queues, with schema and options."""
+    client = redis.Redis.from_url(shared_fleet.broker_url)
+    host = os.uname().nodename
+    threads = WorkerEntry.model_validate_json(
+        client.get(worker_registry_key(shared_fleet.key_prefix, f"tf-shared-threads@{host}"))
+    )
+    prefork = WorkerEntry.model_validate_json(
+        client.get(worker_registry_key(shared_fleet.key_prefix, f"tf-shared-prefork@{host}"))
+    )
+
+    threads_tools = {spec.name: spec for spec in threads.tools}
+    assert "hang" not in threads_tools  # routed to the "prefork" queue
+    assert {spec.name for spec in prefork.tools} == TEST_TOOLS
+    add = threads_tools["add"]
+    assert add.parameters["properties"] == {
+        "a": {"type": "integer"},
+        "b": {"type": "integer"},
+    }
+    assert add.queue == "tools"
+    assert threads_tools["finish"].return_direct is True
+    assert threads_tools["charge"].options["idempotent"] is False
+    hang = {spec.name: spec for spec in prefork.tools}["hang"]
+    assert hang.options["time_limit"] == 4 and hang.options["soft_time_limit"] == 2
+
+
+def test_stopped_worker_drops_out_of_registry(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., Any]
+) -> None:
+    """Given a worker serving tools, when it stops, then its tools leave the registry."""
+    settings = make_settings()
+    worker = start_worker(settings, pool="solo", concurrency=1)
+    dispatcher = dispatcher_for(settings=settings)
+    dispatcher.registry().refresh()
+    assert "add" in dispatcher.served_tools()
+
+    worker.stop()
+    dispatcher.registry().refresh()
+
+    assert dispatcher.served_tools() == {}
+
+
+def test_killed_worker_expires_from_registry(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., Any]
+) -> None:
+    """Given a worker that dies without cleaning up, when three refresh intervals pass,
+    then its entry has expired."""
+    settings = make_settings(registry_refresh=0.5)
+    worker = start_worker(settings, pool="solo", concurrency=1)
+    worker.kill()
+    dispatcher = dispatcher_for(settings=settings)
+
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and dispatcher.served_tools():
+        time.sleep(0.2)
+        dispatcher.registry().refresh()
+
+    assert dispatcher.served_tools() == {}
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads", "solo"])
+def test_any_pool_serves_tools(
+    pool: str, make_settings: Callable[..., Settings], start_worker: Callable[..., Any]
+) -> None:
+    """Given a worker on any Celery pool, when a call is sent, then it runs there."""
+    settings = make_settings()
+    start_worker(settings, pool=pool, concurrency=2)
+    dispatcher = dispatcher_for(settings=settings)
+
+    result = dispatcher.wait(call("add", a=20, b=22), timeout=30)
+
+    assert result.status == "success" and result.content == "42"
+
+
+def test_pickle_is_refused_and_worker_keeps_serving(shared_fleet: Settings) -> None:
+    """Given a pickled message on the tools queue, when the worker receives it, then it is
+    not executed, and the next JSON call is served normally."""
+    app = create_app(shared_fleet)
+    pickled_id = task_id_for(f"pickled-{time.monotonic_ns()}")
+    request = ToolRequest(tool="add", call_id="p", args={"a": 1, "b": 1}, idempotency_key="p")
+    app.send_task(
+        task_name("add"),
+        args=[request.model_dump()],
+        task_id=pickled_id,
+        queue="tools",
+        serializer="pickle",
+    )
+    dispatcher = dispatcher_for(settings=shared_fleet)
+
+    result = dispatcher.wait(call("add", a=2, b=2), timeout=30)
+
+    assert result.content == "4"
+    assert app.backend.get_task_meta(pickled_id)["status"] == "PENDING"  # never ran

@@ -1,0 +1,216 @@
+"""``load_tools``: the tools a worker serves, found in the modules it is told to load.
+
+Each test writes its tool modules into its own ``tmp_path`` under names no other test uses,
+and forgets them afterwards, so the import cache never leaks between tests.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tool_workers.errors import ToolLoadError
+from tool_workers.loader import load_tools
+from tool_workers.settings import Settings
+
+BUILTIN_NAMES = {"read_file", "list_dir", "grep", "write_file", "run_python", "sleep", "echo"}
+
+Writer = Callable[[str, str], str]
+
+
+@pytest.fixture
+def write_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Writer]:
+    """Write ``source`` as an importable module; returns its (test-unique) name."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    written: list[str] = []
+    suffix = uuid.uuid4().hex[:8]
+
+    def write(stem: str, source: str) -> str:
+        name = f"tf_{stem}_{suffix}"
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source), encoding="utf-8")
+        written.append(name)
+        return name
+
+    yield write
+    for name in written:
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No TOOLFLEET_* variable of the calling shell (TOOL_MODULES above all) leaks in."""
+    for name in list(os.environ):
+        if name.startswith("TOOLFLEET_"):
+            monkeypatch.delenv(name)
+
+
+def names(settings: Settings) -> list[str]:
+    return [t.name for t in load_tools(settings)]
+
+
+FACTORY_WITH_SETTINGS = """
+    from langchain_core.tools import StructuredTool
+
+    def get_tools(settings):
+        def where() -> str:
+            "Say where the workspace is."
+            return str(settings.workspace_root)
+        return [StructuredTool.from_function(where)]
+"""
+
+FACTORY_WITHOUT_SETTINGS = """
+    from langchain_core.tools import tool
+
+    def get_tools():
+        @tool
+        def ping() -> str:
+            "Ping."
+            return "pong"
+        return [ping]
+"""
+
+TOOLS_LIST = """
+    from langchain_core.tools import tool
+
+    @tool
+    def alpha() -> str:
+        "Alpha."
+        return "a"
+
+    @tool
+    def beta() -> str:
+        "Beta."
+        return "b"
+
+    @tool
+    def hidden() -> str:
+        "Not in the list, so not served."
+        return "h"
+
+    tools = [alpha, beta]
+"""
+
+MODULE_LEVEL = """
+    from langchain_core.tools import tool
+
+    @tool
+    def gamma() -> str:
+        "Gamma."
+        return "g"
+
+    @tool
+    def delta() -> str:
+        "Delta."
+        return "d"
+
+    def helper():
+        return 1
+"""
+
+
+# --- the three ways a module provides tools ---------------------------------------------
+
+
+def test_given_module_with_get_tools_settings_when_loaded_then_factory_gets_settings(
+    write_module: Writer, tmp_path: Path
+) -> None:
+    module = write_module("factory", FACTORY_WITH_SETTINGS)
+    settings = Settings(tool_modules=(module,), workspace_root=tmp_path / "ws")
+
+    [where] = load_tools(settings)
+
+    assert where.name == "where"
+    assert where.invoke({}) == str(tmp_path / "ws")
+
+
+def test_given_module_with_argless_get_tools_when_loaded_then_its_tools(
+    write_module: Writer,
+) -> None:
+    module = write_module("argless", FACTORY_WITHOUT_SETTINGS)
+    assert names(Settings(tool_modules=(module,))) == ["ping"]
+
+
+def test_given_module_with_tools_list_when_loaded_then_only_listed_tools(
+    write_module: Writer,
+) -> None:
+    module = write_module("listed", TOOLS_LIST)
+    assert names(Settings(tool_modules=(module,))) == ["alpha", "beta"]
+
+
+def test_given_module_with_module_level_tools_when_loaded_then_all_of_them(
+    write_module: Writer,
+) -> None:
+    module = write_module("plain", MODULE_LEVEL)
+    assert sorted(names(Settings(tool_modules=(module,)))) == ["delta", "gamma"]
+
+
+def test_given_several_modules_when_loaded_then_tools_of_all_in_order(
+    write_module: Writer,
+) -> None:
+    listed = write_module("listed", TOOLS_LIST)
+    argless = write_module("argless", FACTORY_WITHOUT_SETTINGS)
+    assert names(Settings(tool_modules=(listed, argless))) == ["alpha", "beta", "ping"]
+
+
+def test_given_module_importing_anothers_tool_when_both_loaded_then_served_once(
+    write_module: Writer,
+) -> None:
+    plain = write_module("plain", MODULE_LEVEL)
+    reexport = write_module("reexport", f"from {plain} import gamma\n")
+    assert sorted(names(Settings(tool_modules=(plain, reexport)))) == ["delta", "gamma"]
+
+
+# --- refusals ---------------------------------------------------------------------------
+
+
+def test_given_same_tool_name_in_two_modules_when_loaded_then_tool_load_error(
+    write_module: Writer,
+) -> None:
+    first = write_module("first", MODULE_LEVEL)
+    second = write_module("second", MODULE_LEVEL)  # a distinct 'gamma' object, same name
+    with pytest.raises(ToolLoadError, match=f"'gamma' is defined in both {first} and {second}"):
+        load_tools(Settings(tool_modules=(first, second)))
+
+
+def test_given_module_without_tools_when_loaded_then_tool_load_error(
+    write_module: Writer,
+) -> None:
+    module = write_module("empty", "def helper():\n    return 1\n")
+    with pytest.raises(ToolLoadError, match=f"{module}.*provides no tools"):
+        load_tools(Settings(tool_modules=(module,)))
+
+
+def test_given_tools_list_holding_non_tools_when_loaded_then_tool_load_error(
+    write_module: Writer,
+) -> None:
+    module = write_module("junk", "tools = ['not a tool']\n")
+    with pytest.raises(ToolLoadError, match="not tools"):
+        load_tools(Settings(tool_modules=(module,)))
+
+
+def test_given_module_failing_to_import_when_loaded_then_tool_load_error_with_cause(
+    write_module: Writer,
+) -> None:
+    module = write_module("broken", "import definitely_not_installed_xyz\n")
+    with pytest.raises(ToolLoadError, match=f"cannot import tool module '{module}'") as caught:
+        load_tools(Settings(tool_modules=(module,)))
+    assert isinstance(caught.value.__cause__, ModuleNotFoundError)
+
+
+def test_given_missing_module_when_loaded_then_tool_load_error() -> None:
+    with pytest.raises(ToolLoadError, match="no_such_toolfleet_module"):
+        load_tools(Settings(tool_modules=("no_such_toolfleet_module",)))
+
+
+# --- the default ------------------------------------------------------------------------
+
+
+def test_given_no_tool_modules_when_loaded_then_builtin_toolset(tmp_path: Path) -> None:
+    loaded = set(names(Settings(workspace_root=tmp_path)))
+    assert loaded == BUILTIN_NAMES

@@ -1,0 +1,144 @@
+"""The wire contract: task naming, call identity and the frozen request/result models."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from pydantic import ValidationError
+
+from tool_workers.protocol import (
+    PROTOCOL_VERSION,
+    TASK_PREFIX,
+    ToolRequest,
+    ToolResult,
+    call_key,
+    task_id_for,
+    task_name,
+    tool_from_task,
+)
+
+
+def request(**overrides: object) -> ToolRequest:
+    fields: dict[str, object] = {
+        "tool": "echo",
+        "call_id": "call_0",
+        "args": {"text": "hi", "n": [1, 2]},
+        "idempotency_key": "k-1",
+        "thread_id": "t-1",
+        "run_id": "r-1",
+    }
+    return ToolRequest.model_validate({**fields, **overrides})
+
+
+# --- task names -------------------------------------------------------------------------
+
+
+def test_given_tool_name_when_task_named_then_prefixed_and_reversible() -> None:
+    assert task_name("read_file") == "tools.read_file"
+    assert task_name("read_file").startswith(TASK_PREFIX)
+    assert tool_from_task(task_name("read_file")) == "read_file"
+
+
+@pytest.mark.parametrize("name", ["celery.backend_cleanup", "read_file", "toolsX.echo", ""])
+def test_given_foreign_task_name_when_tool_looked_up_then_none(name: str) -> None:
+    assert tool_from_task(name) is None
+
+
+# --- call identity ----------------------------------------------------------------------
+
+
+def test_given_same_call_when_task_id_derived_twice_then_same_uuid() -> None:
+    key = call_key("thread-1", "msg-1", "call_0")
+    first, second = task_id_for(key), task_id_for(call_key("thread-1", "msg-1", "call_0"))
+    assert first == second
+    assert uuid.UUID(first).version == 5
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        ("thread-2", "msg-1", "call_0"),  # another thread
+        ("thread-1", "msg-2", "call_0"),  # another turn reusing the provider's short call id
+        ("thread-1", "msg-1", "call_1"),  # another call of the same AIMessage
+        (None, "msg-1", "call_0"),
+        ("thread-1", None, "call_0"),
+    ],
+)
+def test_given_calls_differing_in_one_part_when_task_ids_derived_then_distinct(
+    other: tuple[str | None, str | None, str],
+) -> None:
+    assert task_id_for(call_key(*other)) != task_id_for(call_key("thread-1", "msg-1", "call_0"))
+
+
+def test_given_call_key_then_it_holds_thread_message_and_call_id() -> None:
+    key = call_key("thread-1", "msg-1", "call_0")
+    assert "thread-1" in key and "msg-1" in key and key.endswith("call_0")
+
+
+# --- ToolRequest ------------------------------------------------------------------------
+
+
+def test_given_request_without_version_then_current_protocol_version() -> None:
+    assert request().protocol_version == PROTOCOL_VERSION == 1
+
+
+def test_given_request_when_json_round_tripped_then_equal() -> None:
+    original = request()
+    wire = json.loads(original.model_dump_json())
+    assert ToolRequest.model_validate(wire) == original
+    assert wire["protocol_version"] == PROTOCOL_VERSION
+
+
+def test_given_request_when_field_assigned_then_refused() -> None:
+    with pytest.raises(ValidationError, match="frozen"):
+        request().tool = "other"
+
+
+def test_given_unknown_field_when_request_validated_then_refused() -> None:
+    with pytest.raises(ValidationError, match="extra"):
+        request(sneaky=True)
+
+
+@pytest.mark.parametrize("missing", ["tool", "call_id", "idempotency_key"])
+def test_given_request_missing_required_field_then_refused(missing: str) -> None:
+    fields = request().model_dump()
+    del fields[missing]
+    with pytest.raises(ValidationError, match=missing):
+        ToolRequest.model_validate(fields)
+
+
+# --- ToolResult -------------------------------------------------------------------------
+
+
+def test_given_result_with_blocks_and_artifact_when_json_round_tripped_then_equal() -> None:
+    original = ToolResult(
+        content=[{"type": "text", "text": "hi"}],
+        artifact={"rows": [1, 2]},
+        worker="w1@host",
+        pid=42,
+        started_at=1.5,
+        duration=0.25,
+    )
+    assert ToolResult.model_validate_json(original.model_dump_json()) == original
+    assert original.status == "success" and original.error_kind is None
+
+
+def test_given_result_when_field_assigned_then_refused() -> None:
+    with pytest.raises(ValidationError, match="frozen"):
+        ToolResult().status = "error"
+
+
+def test_given_error_kind_and_message_when_error_built_then_error_status_and_extra_fields() -> None:
+    result = ToolResult.error("timeout", "Error: too slow", worker="w1", duration=2.0)
+    assert result.status == "error"
+    assert result.error_kind == "timeout"
+    assert result.content == "Error: too slow"
+    assert (result.worker, result.duration) == ("w1", 2.0)
+    assert result.protocol_version == PROTOCOL_VERSION
+
+
+def test_given_unknown_error_kind_when_error_built_then_refused() -> None:
+    with pytest.raises(ValidationError):
+        ToolResult.error("nonsense", "x")  # type: ignore[arg-type]
