@@ -10,7 +10,7 @@ from typing import Any
 
 from celery import Celery
 
-from tool_workers.protocol import DEFAULT_QUEUE, task_name
+from tool_workers.protocol import task_name
 from tool_workers.settings import Settings, ToolPolicies
 
 REDELIVERY_MARGIN = 30.0
@@ -57,9 +57,9 @@ def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
         "result_serializer": "json",
         "accept_content": ["json"],
         "result_accept_content": ["json"],
-        "task_default_queue": DEFAULT_QUEUE,
-        "task_default_exchange": DEFAULT_QUEUE,
-        "task_default_routing_key": DEFAULT_QUEUE,
+        "task_default_queue": policies.defaults.queue,
+        "task_default_exchange": policies.defaults.queue,
+        "task_default_routing_key": policies.defaults.queue,
         "task_routes": routes,
         "task_create_missing_queues": True,
         # A call is acknowledged only after it ran; a worker that dies mid-call gives

@@ -6,6 +6,7 @@ Nothing here knows about Celery tasks: the task in :mod:`tool_workers.registry` 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -115,7 +116,7 @@ def run_call(
     timing = {**base, "started_at": started}
     try:
         with call_scope(ctx):
-            output = tool.invoke(call)
+            output = _invoke(tool, call)
     except SoftTimeLimitExceeded:
         return ToolResult.error(
             "timeout",
@@ -138,6 +139,13 @@ def run_call(
         )
     duration = time.perf_counter() - t0
     return _to_result(tool.name, output, limits, duration=duration, **timing)
+
+
+def _invoke(tool: BaseTool, call: dict[str, Any]) -> Any:
+    """Run the tool; a tool written as ``async def`` runs on an event loop of its own."""
+    if getattr(tool, "func", True) is None and getattr(tool, "coroutine", None) is not None:
+        return asyncio.run(tool.ainvoke(call))
+    return tool.invoke(call)
 
 
 def _to_result(name: str, output: Any, limits: Limits, **timing: Any) -> ToolResult:

@@ -56,7 +56,10 @@ def tools_of_module(module_name: str, settings: Settings) -> list[BaseTool]:
     factory = getattr(module, "get_tools", None)
     if callable(factory):
         takes_settings = bool(inspect.signature(factory).parameters)
-        provided = factory(settings) if takes_settings else factory()
+        try:
+            provided = factory(settings) if takes_settings else factory()
+        except Exception as exc:
+            raise ToolLoadError(f"{module_name}.get_tools() failed: {exc!r}") from exc
     elif isinstance(getattr(module, "tools", None), (list, tuple)):
         provided = module.tools
     else:

@@ -85,7 +85,11 @@ class ToolPolicies(BaseModel):
         overrides = self.tools.get(name)
         if not overrides:
             return self.defaults
-        return ToolPolicy.model_validate({**self.defaults.model_dump(), **overrides})
+        merged = {**self.defaults.model_dump(), **overrides}
+        if "time_limit" in overrides and "soft_time_limit" not in overrides:
+            # An inherited soft limit belongs to the inherited hard limit.
+            merged["soft_time_limit"] = None
+        return ToolPolicy.model_validate(merged)
 
     def longest_time_limit(self) -> float:
         """The longest hard time limit any configured tool (or the defaults) has."""

@@ -215,3 +215,16 @@ def test_given_running_tool_when_it_asks_for_current_call_then_gets_its_identity
 def test_given_failing_tool_when_run_then_current_call_reset_afterwards() -> None:
     run_call(fail, request(fail, reason="x"))
     assert current_call() is None
+
+
+@tool
+async def double(x: int) -> int:
+    """An async tool."""
+    return x * 2
+
+
+def test_given_async_tool_when_run_then_it_runs_on_its_own_loop() -> None:
+    result = run_call(double, request(double, x=21))
+
+    assert result.status == "success"
+    assert result.content == "42"

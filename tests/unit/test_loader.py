@@ -214,3 +214,15 @@ def test_given_missing_module_when_loaded_then_tool_load_error() -> None:
 def test_given_no_tool_modules_when_loaded_then_builtin_toolset(tmp_path: Path) -> None:
     loaded = set(names(Settings(workspace_root=tmp_path)))
     assert loaded == BUILTIN_NAMES
+
+
+def test_given_get_tools_raising_when_loaded_then_tool_load_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "failing_factory.py").write_text(
+        "def get_tools(settings):\n    raise RuntimeError('no credentials')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    with pytest.raises(ToolLoadError, match="no credentials"):
+        load_tools(Settings(tool_modules=("failing_factory",)))

@@ -233,3 +233,25 @@ def test_given_settings_when_app_created_then_configured_from_them(
     assert app.main == "toolfleet-test"
     assert app.conf.accept_content == ["json"]
     assert app.conf.task_routes["tools.slow"] == {"queue": "long"}
+
+
+def test_given_default_soft_limit_and_shorter_tool_limit_then_soft_limit_not_inherited(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(
+        "[defaults]\ntime_limit = 300\nsoft_time_limit = 290\n[tools.x]\ntime_limit = 30\n"
+    )
+
+    policy = ToolPolicies.load(path).for_tool("x")
+
+    assert policy.time_limit == 30
+    assert policy.effective_soft_limit == 29
+
+
+def test_given_default_queue_when_config_built_then_celery_default_queue_follows() -> None:
+    policies = ToolPolicies(defaults=ToolPolicy(queue="bulk"))
+
+    config = celery_config(Settings(), policies)
+
+    assert config["task_default_queue"] == "bulk"
