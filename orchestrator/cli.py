@@ -74,3 +74,7 @@ def version() -> None:
 def main() -> None:
     """Entry point of the ``toolfleet`` console script."""
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -162,3 +162,27 @@ def test_pickle_is_refused_and_worker_keeps_serving(shared_fleet: Settings) -> N
 
     assert result.content == "4"
     assert app.backend.get_task_meta(pickled_id)["status"] == "PENDING"  # never ran
+
+
+def test_second_dispatch_of_a_call_attaches_to_the_first(
+    shared_fleet: Settings, counter: Any
+) -> None:
+    """Given one call dispatched by two orchestrator processes (two dispatchers, two
+    listeners), when both wait, then the tool ran once and both get its result."""
+    from orchestrator.dispatch import CeleryDispatcher
+    from tests.conftest import effects
+
+    first = CeleryDispatcher(create_app(shared_fleet), shared_fleet)
+    second = CeleryDispatcher(create_app(shared_fleet), shared_fleet)
+    the_call = call("touch", tag="once", seconds=0.3)
+    try:
+        first.submit([the_call])
+        second.submit([the_call])
+        a = first.wait(the_call, timeout=30)
+        b = second.wait(the_call, timeout=30)
+    finally:
+        first.close()
+        second.close()
+
+    assert a.content == b.content == "touched once (run 1)"
+    assert effects(counter, shared_fleet, "touch")[the_call.task_id] == 1

@@ -1,0 +1,43 @@
+"""``toolfleet demo`` on this machine: embedded server, two workers, one agent run."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_demo_fans_out_across_two_workers_and_cleans_up() -> None:
+    """Given no services and no API key, when `toolfleet demo` runs, then it says it uses
+    the scripted model, the calls run on both worker processes, the answer is printed,
+    and no process it started is left."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLFLEET_")}
+    env["COLUMNS"] = "200"
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "demo"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "scripted model" in out
+    workers = set(re.findall(r"<- \w+\s+(demo-worker-\d@\S+)", out))
+    assert workers == {w for w in workers if w.startswith("demo-worker-")}
+    assert len(workers) == 2, out
+    assert "TODOs are open" in out
+    assert "stopped the workers and the embedded server" in out
+    pids = [int(p) for p in re.findall(r"\(pid (\d+)\) ready", out)]
+    assert len(pids) == 2
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}"), f"worker {pid} still running"
