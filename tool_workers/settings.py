@@ -155,6 +155,12 @@ class Settings(BaseSettings):
     """Messages a worker process reserves ahead (1 keeps long calls from queueing behind)."""
     log_json: bool = False
     """Log one JSON object per line."""
+    model: str | None = None
+    """Chat model of the orchestrator's agent as ``provider:name``; scripted if unset."""
+    database_url: str | None = None
+    """Postgres URL of the LangGraph checkpointer; the SQLite file below when unset."""
+    checkpoint_path: Path = Path("toolfleet-checkpoints.sqlite")
+    """SQLite file of the LangGraph checkpointer when no ``database_url`` is set."""
 
     @field_validator("tool_modules", mode="before")
     @classmethod
