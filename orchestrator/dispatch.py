@@ -131,26 +131,36 @@ class CeleryDispatcher:
         Raises:
             DispatchError: the broker refused the messages.
         """
+        fresh = self._watch(calls, on_state)
+        if fresh:
+            self._publish_or_forget(fresh)
+
+    def _watch(
+        self, calls: Sequence[PreparedCall], on_state: StateCallback | None
+    ) -> list[PreparedCall]:
+        """Start watching the calls not watched yet; those are the ones to publish."""
         with self._lock:
             fresh = [c for c in calls if c.task_id not in self._futures]
-            if not fresh:
-                return
-            futures = self.listener.watch([c.task_id for c in fresh], on_state)
-            self._futures.update(futures)
-            self._calls.update((c.task_id, c) for c in fresh)
+            if fresh:
+                futures = self.listener.watch([c.task_id for c in fresh], on_state)
+                self._futures.update(futures)
+                self._calls.update((c.task_id, c) for c in fresh)
+        return fresh
+
+    def _publish_or_forget(self, calls: Sequence[PreparedCall]) -> None:
         try:
-            self._publish(fresh)
+            self._publish(calls)
         except Exception as exc:
-            for call in fresh:
+            for call in calls:
                 self._forget(call.task_id)
-            raise DispatchError(f"could not publish {len(fresh)} tool call(s): {exc!r}") from exc
+            raise DispatchError(f"could not publish {len(calls)} tool call(s): {exc!r}") from exc
 
     def submitted(self, task_id: str) -> PreparedCall | None:
         """The call published under ``task_id`` that this process still waits on."""
         with self._lock:
             return self._calls.get(task_id)
 
-    async def submit_async(self, call: PreparedCall) -> None:
+    async def submit_async(self, call: PreparedCall, on_state: StateCallback | None = None) -> None:
         """Publish ``call`` together with every call submitted in the same loop turns.
 
         The Send tasks of one superstep start in the same turn of the event loop; waiting
@@ -159,6 +169,8 @@ class CeleryDispatcher:
         Raises:
             DispatchError: the broker refused the messages.
         """
+        if not self._watch([call], on_state):
+            return
         loop = asyncio.get_running_loop()
         batch = self._batches.get(loop)
         if batch is None:
@@ -174,7 +186,7 @@ class CeleryDispatcher:
             return
         if self._batches.get(loop) is batch:
             del self._batches[loop]
-        published = loop.run_in_executor(self._publisher, self.submit, batch.calls)
+        published = loop.run_in_executor(self._publisher, self._publish_or_forget, batch.calls)
 
         def _done(fut: asyncio.Future[None]) -> None:
             if batch.done.done():

@@ -69,9 +69,9 @@ class InProcessDispatcher:
                 self._calls[call.task_id] = call
                 self._futures[call.task_id] = self._pool.submit(self._run, call)
 
-    async def submit_async(self, call: PreparedCall) -> None:
+    async def submit_async(self, call: PreparedCall, on_state: StateCallback | None = None) -> None:
         """Start ``call`` (async flavour of :meth:`submit`)."""
-        self.submit([call])
+        self.submit([call], on_state)
 
     def submitted(self, task_id: str) -> PreparedCall | None:
         """The call started under ``task_id``, if any."""

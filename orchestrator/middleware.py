@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import hashlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -102,11 +104,15 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             if spec is None:
                 return self._unserved(request, served)
         call = prepare(request, spec)
+        events = _Events(request)
         if self.eager_dispatch:
-            self._publish_siblings(request, call)
+            self._publish_siblings(request, call, events)
         call = self._reconcile(call)
-        self._dispatcher.submit([call])
+        events.track([call])
+        self._dispatcher.submit([call], events.on_state)
+        events.dispatched(call)
         result = self._dispatcher.wait(call)
+        events.finished(call, result)
         return to_message(call, result)
 
     async def awrap_tool_call(
@@ -126,8 +132,18 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             if spec is None:
                 return self._unserved(request, served)
         call = prepare(request, spec)
-        await _submit_async(self._dispatcher, call)
-        result = await self._dispatcher.wait_async(call)
+        events = _Events(request)
+        events.track([call])
+        try:
+            await _submit_async(self._dispatcher, call, events)
+            events.dispatched(call)
+            result = await self._dispatcher.wait_async(call)
+        except asyncio.CancelledError:
+            # The run was cancelled (or a sibling failed): nothing keeps working for it.
+            self._dispatcher.cancel([call], terminate=True)
+            events.cancelled(call)
+            raise
+        events.finished(call, result)
         return to_message(call, result)
 
     # -- helpers --------------------------------------------------------------------------
@@ -157,7 +173,9 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             response_metadata={"toolfleet": {"error_kind": kind}},
         )
 
-    def _publish_siblings(self, request: ToolCallRequest, call: PreparedCall) -> None:
+    def _publish_siblings(
+        self, request: ToolCallRequest, call: PreparedCall, events: _Events
+    ) -> None:
         message = _owning_message(request.state, call.call_id)
         if message is None:
             return
@@ -171,7 +189,8 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             for tc in message.tool_calls
             if tc.get("id") and tc["id"] not in done and tc["name"] in served
         ]
-        self._dispatcher.submit(siblings)
+        events.track(siblings)
+        self._dispatcher.submit(siblings, events.on_state)
         self._published[marker] = None
         while len(self._published) > _EAGER_MEMORY:
             self._published.popitem(last=False)
@@ -300,9 +319,80 @@ async def _await_served(
         await asyncio.sleep(0.25)
 
 
-async def _submit_async(dispatcher: Dispatcher, call: PreparedCall) -> None:
+async def _submit_async(dispatcher: Dispatcher, call: PreparedCall, events: _Events) -> None:
     submit_async = getattr(dispatcher, "submit_async", None)
     if submit_async is not None:
-        await submit_async(call)
+        await submit_async(call, events.on_state)
     else:
-        dispatcher.submit([call])
+        dispatcher.submit([call], events.on_state)
+
+
+class _Events:
+    """Tool-call progress written to the run's ``custom`` stream.
+
+    Each event is ``{"toolfleet": {"event": "dispatched" | "started" | "finished" |
+    "cancelled", ...}}``
+    with the call's ``tool_call_id``, ``tool`` and ``task_id``; ``started`` names the worker
+    and pid, ``finished`` the status, worker and duration. A UI can draw a fan-out live.
+    """
+
+    def __init__(self, request: ToolCallRequest) -> None:
+        runtime = request.runtime
+        self._write = getattr(runtime, "stream_writer", None) if runtime is not None else None
+        self._names: dict[str, tuple[str, str]] = {}
+        # LangGraph's writer reads the run's config from a context variable; state changes
+        # arrive on the listener thread, so they write from a copy of this context.
+        self._context = contextvars.copy_context()
+        self._context_lock = threading.Lock()
+        self._thread = threading.current_thread()
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        if self._write is None:
+            return
+        payload = {"toolfleet": {"event": event, "ts": time.time(), **fields}}
+        try:
+            if threading.current_thread() is self._thread:
+                self._write(payload)
+            else:
+                with self._context_lock:
+                    self._context.run(self._write, payload)
+        except Exception:  # progress reporting never fails a call
+            log.debug("could not write a tool-call event", exc_info=True)
+
+    def track(self, calls: list[PreparedCall]) -> None:
+        """Remember the calls, so their state changes can name them."""
+        for call in calls:
+            self._names[call.task_id] = (call.call_id, call.tool)
+
+    def dispatched(self, call: PreparedCall) -> None:
+        self._emit("dispatched", tool_call_id=call.call_id, tool=call.tool, task_id=call.task_id)
+
+    def on_state(self, task_id: str, state: str, meta: dict[str, Any]) -> None:
+        """Listener callback: a call's Celery state changed."""
+        if state != "STARTED":
+            return
+        info = meta.get("result") if isinstance(meta.get("result"), dict) else {}
+        call_id, tool = self._names.get(task_id, ("", ""))
+        self._emit(
+            "started",
+            tool_call_id=call_id,
+            tool=tool,
+            task_id=task_id,
+            worker=info.get("hostname"),
+            pid=info.get("pid"),
+        )
+
+    def cancelled(self, call: PreparedCall) -> None:
+        self._emit("cancelled", tool_call_id=call.call_id, tool=call.tool, task_id=call.task_id)
+
+    def finished(self, call: PreparedCall, result: ToolResult) -> None:
+        self._emit(
+            "finished",
+            tool_call_id=call.call_id,
+            tool=call.tool,
+            task_id=call.task_id,
+            status=result.status,
+            error_kind=result.error_kind,
+            worker=result.worker,
+            duration=result.duration,
+        )

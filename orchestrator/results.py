@@ -37,7 +37,8 @@ READY_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
 SWEEP_INTERVAL = 2.0
 """Seconds between re-reads of pending results (covers messages missed during outages)."""
 
-StateCallback = Callable[[str, dict[str, Any]], None]
+StateCallback = Callable[[str, str, dict[str, Any]], None]
+"""Called with (task id, Celery state, meta) when a watched task's state changes."""
 
 
 @dataclass
@@ -302,7 +303,7 @@ class ResultListener:
             callbacks = list(watch.on_state) if changed else []
         for callback in callbacks:
             try:
-                callback(state, meta)
+                callback(task_id, state, meta)
             except Exception:  # a progress observer must not break result delivery
                 log.exception("result state callback failed")
         if state in READY_STATES:

@@ -207,3 +207,39 @@ def test_each_call_is_one_task(fleet: Settings, counter: Any) -> None:
     assert len(runs) == 15
     assert set(runs.values()) == {1}
     assert all("(run 1)" in m.content for m in tool_messages(state))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_tool_call_events_stream_live(fleet: Settings, mode: str) -> None:
+    """Given a fan-out, when streamed with stream_mode="custom", then each call reports
+    dispatched, started (naming its worker) and finished (status and duration)."""
+    calls = [("sleep_for", {"seconds": 0.3, "label": str(i)}) for i in range(3)]
+    dispatcher = dispatcher_for(settings=fleet)
+    tools = discover_tools(dispatcher=dispatcher, require=["sleep_for"], wait=10)
+    agent = create_agent(
+        one_turn(calls), tools, middleware=[CeleryToolMiddleware(dispatcher=dispatcher)]
+    )
+    payload = {"messages": [("user", "go")]}
+
+    if mode == "sync":
+        chunks = list(agent.stream(payload, stream_mode="custom"))
+    else:
+
+        async def collect() -> list[Any]:
+            return [c async for c in agent.astream(payload, stream_mode="custom")]
+
+        chunks = asyncio.run(collect())
+
+    events = [c["toolfleet"] for c in chunks if isinstance(c, dict) and "toolfleet" in c]
+    by_call: dict[str, list[dict[str, Any]]] = {}
+    for event in events:
+        by_call.setdefault(event["tool_call_id"], []).append(event)
+    assert len(by_call) == 3
+    for seen in by_call.values():
+        kinds = [e["event"] for e in seen]
+        assert kinds.index("dispatched") < kinds.index("finished")
+        assert "started" in kinds and kinds.index("started") < kinds.index("finished")
+        started = next(e for e in seen if e["event"] == "started")
+        assert started["worker"].startswith("tf-shared-")
+        finished = next(e for e in seen if e["event"] == "finished")
+        assert finished["status"] == "success" and finished["duration"] >= 0.3
