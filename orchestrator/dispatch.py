@@ -17,6 +17,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -25,17 +26,20 @@ import redis
 from celery import Celery
 
 from orchestrator.outcome import result_from_meta
+from orchestrator.publish import Publisher
 from orchestrator.registry_view import RegistryView
 from orchestrator.results import ResultListener, StateCallback
 from tool_workers.errors import DispatchError, ResultTimeout
-from tool_workers.protocol import ToolRequest, ToolResult, ToolSpec, call_marker_key, task_name
+from tool_workers.protocol import ToolRequest, ToolResult, ToolSpec
 from tool_workers.settings import Settings
 
 log = logging.getLogger("toolfleet.dispatch")
 
-PENDING_MARKER_TTL = 60
-"""Seconds a send marker lives before its publish is confirmed: a process that died
-between marking and publishing leaves a marker that expires, so the call can be sent."""
+CHECK_INTERVAL = 5.0
+"""Seconds between a waiter's checks that its call is still owned by someone."""
+
+ORPHAN_GRACE = 300.0
+"""Seconds a finished call published eagerly may wait for its Send task to collect it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,14 +105,15 @@ class CeleryDispatcher:
         self.settings = settings
         self._redis = redis.Redis.from_url(settings.backend_url)
         self._registry = RegistryView(redis.Redis.from_url(settings.broker_url), settings)
+        self._publisher = Publisher(app, settings, self._redis)
         self.listener = ResultListener(settings.backend_url, app.backend.get_key_for_task)
         self._lock = threading.Lock()
         self._futures: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}
-        self._sender = app.amqp.send_task_message
         self._calls: dict[str, PreparedCall] = {}
+        self._finished_at: dict[str, float] = {}
         # Async batches publish from their own threads: never the event loop, and never
         # the default executor, where they would queue behind unrelated work.
-        self._publisher = concurrent.futures.ThreadPoolExecutor(
+        self._publish_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="toolfleet-publish"
         )
         self._batches: dict[asyncio.AbstractEventLoop, _Batch] = {}
@@ -133,27 +138,7 @@ class CeleryDispatcher:
         """
         fresh = self._watch(calls, on_state)
         if fresh:
-            self._publish_or_forget(fresh)
-
-    def _watch(
-        self, calls: Sequence[PreparedCall], on_state: StateCallback | None
-    ) -> list[PreparedCall]:
-        """Start watching the calls not watched yet; those are the ones to publish."""
-        with self._lock:
-            fresh = [c for c in calls if c.task_id not in self._futures]
-            if fresh:
-                futures = self.listener.watch([c.task_id for c in fresh], on_state)
-                self._futures.update(futures)
-                self._calls.update((c.task_id, c) for c in fresh)
-        return fresh
-
-    def _publish_or_forget(self, calls: Sequence[PreparedCall]) -> None:
-        try:
-            self._publish(calls)
-        except Exception as exc:
-            for call in calls:
-                self._forget(call.task_id)
-            raise DispatchError(f"could not publish {len(calls)} tool call(s): {exc!r}") from exc
+            self._publish(fresh)
 
     def submitted(self, task_id: str) -> PreparedCall | None:
         """The call published under ``task_id`` that this process still waits on."""
@@ -186,54 +171,56 @@ class CeleryDispatcher:
             return
         if self._batches.get(loop) is batch:
             del self._batches[loop]
-        published = loop.run_in_executor(self._publisher, self._publish_or_forget, batch.calls)
+        published = loop.run_in_executor(self._publish_pool, self._publish, batch.calls)
 
         def _done(fut: asyncio.Future[None]) -> None:
             if batch.done.done():
                 return
-            if fut.exception() is not None:
-                batch.done.set_exception(fut.exception())  # type: ignore[arg-type]
+            exc = fut.exception()
+            if exc is not None:
+                batch.done.set_exception(exc)
             else:
                 batch.done.set_result(None)
 
         published.add_done_callback(_done)
 
+    def _watch(
+        self, calls: Sequence[PreparedCall], on_state: StateCallback | None
+    ) -> list[PreparedCall]:
+        """Start watching the calls not watched yet; those are the ones to publish."""
+        self._reap_orphans()
+        with self._lock:
+            fresh = [c for c in calls if c.task_id not in self._futures]
+            if not fresh:
+                return []
+            futures = self.listener.watch([c.task_id for c in fresh], on_state)
+            self._futures.update(futures)
+            self._calls.update((c.task_id, c) for c in fresh)
+        for task_id, future in futures.items():
+            future.add_done_callback(lambda _f, t=task_id: self._mark_finished(t))
+        return fresh
+
+    def _mark_finished(self, task_id: str) -> None:
+        with self._lock:
+            if task_id in self._futures:
+                self._finished_at[task_id] = time.monotonic()
+
+    def _reap_orphans(self) -> None:
+        """Drop results nobody collected: calls published eagerly whose Send never came."""
+        horizon = time.monotonic() - ORPHAN_GRACE
+        with self._lock:
+            stale = [t for t, at in self._finished_at.items() if at < horizon]
+        for task_id in stale:
+            log.info("dropping uncollected result of call %s", task_id)
+            self._forget(task_id)
+
     def _publish(self, calls: Sequence[PreparedCall]) -> None:
-        prefix = self.settings.key_prefix
-        markers = [call_marker_key(prefix, c.task_id) for c in calls]
-        with self._redis.pipeline(transaction=False) as pipe:
-            for marker in markers:
-                pipe.set(marker, "pending", nx=True, ex=PENDING_MARKER_TTL)
-            claimed = pipe.execute()
-        to_send = [c for c, ok in zip(calls, claimed, strict=True) if ok]
-        attached = len(calls) - len(to_send)
-        if attached:
-            log.info("%d call(s) already dispatched; attaching to their results", attached)
-        if not to_send:
-            return
-        amqp = self.app.amqp
-        with self.app.producer_or_acquire() as producer, producer.batch():
-            for call in to_send:
-                name = task_name(call.tool)
-                options = amqp.router.route(
-                    {"queue": call.queue} if call.queue else {}, name, (), {}
-                )
-                message = amqp.create_task_message(
-                    call.task_id,
-                    name,
-                    (call.request().model_dump(mode="json"),),
-                    {},
-                    reply_to=self.app.thread_oid,
-                    argsrepr=_argsrepr(call),
-                    kwargsrepr="{}",
-                )
-                self._sender(producer, name, message, **options)
-        with self._redis.pipeline(transaction=False) as pipe:
-            for call in to_send:
-                pipe.set(
-                    call_marker_key(prefix, call.task_id), "sent", ex=self.settings.result_expires
-                )
-            pipe.execute()
+        try:
+            self._publisher.publish(calls)
+        except Exception as exc:
+            for call in calls:
+                self._forget(call.task_id)
+            raise DispatchError(f"could not publish {len(calls)} tool call(s): {exc!r}") from exc
 
     # -- waiting --------------------------------------------------------------------------
 
@@ -246,6 +233,15 @@ class CeleryDispatcher:
                 future = self._futures[call.task_id]
         return future
 
+    def _still_owned(self, call: PreparedCall) -> None:
+        """Republish a call whose publisher died between claiming and publishing it."""
+        try:
+            if self._publisher.abandoned(call):
+                log.warning("call %s was claimed but never published; publishing it", call.task_id)
+                self._publisher.publish([call])
+        except redis.RedisError as exc:  # Redis restarting: check again next interval
+            log.warning("could not check call %s: %r", call.task_id, exc)
+
     def wait(self, call: PreparedCall, timeout: float | None = None) -> ToolResult:
         """Block until the call's result is in.
 
@@ -253,10 +249,21 @@ class CeleryDispatcher:
             ResultTimeout: no result within ``timeout`` seconds.
         """
         future = self._future(call)
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            meta = future.result(timeout)
-        except concurrent.futures.TimeoutError as exc:
-            raise ResultTimeout(f"no result for {call.tool} call {call.call_id}") from exc
+            while True:
+                step = CHECK_INTERVAL
+                if deadline is not None:
+                    step = min(step, max(deadline - time.monotonic(), 0.0))
+                try:
+                    meta = future.result(step)
+                    break
+                except concurrent.futures.TimeoutError:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise ResultTimeout(
+                            f"no result for {call.tool} call {call.call_id}"
+                        ) from None
+                    self._still_owned(call)
         finally:
             self._forget(call.task_id)
         return result_from_meta(meta, call.tool, call.spec)
@@ -267,11 +274,23 @@ class CeleryDispatcher:
         Raises:
             ResultTimeout: no result within ``timeout`` seconds.
         """
-        future = self._future(call)
+        future = asyncio.wrap_future(self._future(call))
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         try:
-            meta = await asyncio.wait_for(asyncio.wrap_future(future), timeout)
-        except TimeoutError as exc:
-            raise ResultTimeout(f"no result for {call.tool} call {call.call_id}") from exc
+            while True:
+                step = CHECK_INTERVAL
+                if deadline is not None:
+                    step = min(step, max(deadline - loop.time(), 0.0))
+                try:
+                    meta = await asyncio.wait_for(asyncio.shield(future), step)
+                    break
+                except TimeoutError:
+                    if deadline is not None and loop.time() >= deadline:
+                        raise ResultTimeout(
+                            f"no result for {call.tool} call {call.call_id}"
+                        ) from None
+                    await loop.run_in_executor(self._publish_pool, self._still_owned, call)
         finally:
             self._forget(call.task_id)
         return result_from_meta(meta, call.tool, call.spec)
@@ -279,6 +298,7 @@ class CeleryDispatcher:
     def _forget(self, task_id: str) -> None:
         with self._lock:
             self._calls.pop(task_id, None)
+            self._finished_at.pop(task_id, None)
             if self._futures.pop(task_id, None) is None:
                 return
         self.listener.release(task_id)
@@ -303,10 +323,5 @@ class CeleryDispatcher:
     def close(self) -> None:
         """Stop the result listener and drop connections."""
         self.listener.close()
-        self._publisher.shutdown(wait=False)
+        self._publish_pool.shutdown(wait=False)
         self._redis.close()
-
-
-def _argsrepr(call: PreparedCall) -> str:
-    # Flower and logs show which call this is, never the arguments (secrets, size).
-    return f"({call.tool} call={call.call_id} thread={call.thread_id or '-'})"

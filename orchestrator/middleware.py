@@ -20,23 +20,23 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextvars
 import hashlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware
-from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.messages import ToolMessage
 from langgraph.prebuilt.tool_node import INVALID_TOOL_NAME_ERROR_TEMPLATE, ToolCallRequest
 from langgraph.types import Command
 
+from orchestrator.calls import answered_ids, owning_message, prepare, prepare_raw, to_message
 from orchestrator.dispatch import Dispatcher, PreparedCall
+from orchestrator.events import ToolCallEvents
 from orchestrator.fleet import dispatcher_for
-from tool_workers.protocol import ToolResult, ToolSpec, call_key, task_id_for
+from tool_workers.protocol import ToolSpec, task_id_for
 
 log = logging.getLogger("toolfleet.orchestrator")
 
@@ -104,7 +104,7 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             if spec is None:
                 return self._unserved(request, served)
         call = prepare(request, spec)
-        events = _Events(request)
+        events = ToolCallEvents(request)
         if self.eager_dispatch:
             self._publish_siblings(request, call, events)
         call = self._reconcile(call)
@@ -132,7 +132,7 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             if spec is None:
                 return self._unserved(request, served)
         call = prepare(request, spec)
-        events = _Events(request)
+        events = ToolCallEvents(request)
         events.track([call])
         try:
             await _submit_async(self._dispatcher, call, events)
@@ -174,18 +174,18 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         )
 
     def _publish_siblings(
-        self, request: ToolCallRequest, call: PreparedCall, events: _Events
+        self, request: ToolCallRequest, call: PreparedCall, events: ToolCallEvents
     ) -> None:
-        message = _owning_message(request.state, call.call_id)
+        message = owning_message(request.state, call.call_id)
         if message is None:
             return
         marker = f"{call.thread_id}\x1f{message.id}"
         if marker in self._published:
             return
         served = self._dispatcher.served_tools()
-        done = _answered_ids(request.state)
+        done = answered_ids(request.state)
         siblings = [
-            _prepare_raw(tc, served[tc["name"]], call.thread_id, call.run_id, message.id)
+            prepare_raw(tc, served[tc["name"]], call.thread_id, call.run_id, message.id)
             for tc in message.tool_calls
             if tc.get("id") and tc["id"] not in done and tc["name"] in served
         ]
@@ -221,84 +221,6 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         )
 
 
-def prepare(request: ToolCallRequest, spec: ToolSpec) -> PreparedCall:
-    """The wire form of the call in ``request``, with its deterministic task id."""
-    config = request.runtime.config if request.runtime is not None else {}
-    thread_id = (config.get("configurable") or {}).get("thread_id")
-    run_id = _run_id(request, config)
-    message = _owning_message(request.state, request.tool_call["id"])
-    return _prepare_raw(
-        request.tool_call, spec, thread_id, run_id, message.id if message is not None else None
-    )
-
-
-def _prepare_raw(
-    tool_call: Mapping[str, Any],
-    spec: ToolSpec,
-    thread_id: Any,
-    run_id: str | None,
-    message_id: str | None,
-) -> PreparedCall:
-    thread = str(thread_id) if thread_id is not None else None
-    return PreparedCall(
-        tool=tool_call["name"],
-        call_id=tool_call["id"],
-        args=dict(tool_call.get("args") or {}),
-        task_id=task_id_for(call_key(thread, message_id, tool_call["id"])),
-        thread_id=thread,
-        run_id=run_id,
-        queue=spec.queue,
-        spec=spec,
-    )
-
-
-def _run_id(request: ToolCallRequest, config: Mapping[str, Any]) -> str | None:
-    info = getattr(request.runtime, "execution_info", None)
-    run_id = getattr(info, "run_id", None) or config.get("run_id")
-    return str(run_id) if run_id is not None else None
-
-
-def _messages(state: Any) -> list[Any]:
-    if isinstance(state, dict):
-        return list(state.get("messages") or [])
-    if isinstance(state, list):
-        return state
-    return list(getattr(state, "messages", None) or [])
-
-
-def _owning_message(state: Any, call_id: str) -> AIMessage | None:
-    for message in reversed(_messages(state)):
-        if isinstance(message, AIMessage) and any(
-            tc.get("id") == call_id for tc in message.tool_calls
-        ):
-            return message
-    return None
-
-
-def _answered_ids(state: Any) -> set[str]:
-    return {m.tool_call_id for m in _messages(state) if isinstance(m, ToolMessage)}
-
-
-def to_message(call: PreparedCall, result: ToolResult) -> ToolMessage:
-    """The ToolMessage for a call's result, as a local ToolNode would have built it."""
-    return ToolMessage(
-        content=result.content,
-        artifact=result.artifact,
-        status=result.status,
-        name=call.tool,
-        tool_call_id=call.call_id,
-        response_metadata={
-            "toolfleet": {
-                "task_id": call.task_id,
-                "worker": result.worker,
-                "pid": result.pid,
-                "duration": result.duration,
-                "error_kind": result.error_kind,
-            }
-        },
-    )
-
-
 def _wait_served(dispatcher: Dispatcher, name: str, timeout: float) -> Mapping[str, ToolSpec]:
     deadline = time.monotonic() + timeout
     while True:
@@ -319,80 +241,9 @@ async def _await_served(
         await asyncio.sleep(0.25)
 
 
-async def _submit_async(dispatcher: Dispatcher, call: PreparedCall, events: _Events) -> None:
+async def _submit_async(dispatcher: Dispatcher, call: PreparedCall, events: ToolCallEvents) -> None:
     submit_async = getattr(dispatcher, "submit_async", None)
     if submit_async is not None:
         await submit_async(call, events.on_state)
     else:
         dispatcher.submit([call], events.on_state)
-
-
-class _Events:
-    """Tool-call progress written to the run's ``custom`` stream.
-
-    Each event is ``{"toolfleet": {"event": "dispatched" | "started" | "finished" |
-    "cancelled", ...}}``
-    with the call's ``tool_call_id``, ``tool`` and ``task_id``; ``started`` names the worker
-    and pid, ``finished`` the status, worker and duration. A UI can draw a fan-out live.
-    """
-
-    def __init__(self, request: ToolCallRequest) -> None:
-        runtime = request.runtime
-        self._write = getattr(runtime, "stream_writer", None) if runtime is not None else None
-        self._names: dict[str, tuple[str, str]] = {}
-        # LangGraph's writer reads the run's config from a context variable; state changes
-        # arrive on the listener thread, so they write from a copy of this context.
-        self._context = contextvars.copy_context()
-        self._context_lock = threading.Lock()
-        self._thread = threading.current_thread()
-
-    def _emit(self, event: str, **fields: Any) -> None:
-        if self._write is None:
-            return
-        payload = {"toolfleet": {"event": event, "ts": time.time(), **fields}}
-        try:
-            if threading.current_thread() is self._thread:
-                self._write(payload)
-            else:
-                with self._context_lock:
-                    self._context.run(self._write, payload)
-        except Exception:  # progress reporting never fails a call
-            log.debug("could not write a tool-call event", exc_info=True)
-
-    def track(self, calls: list[PreparedCall]) -> None:
-        """Remember the calls, so their state changes can name them."""
-        for call in calls:
-            self._names[call.task_id] = (call.call_id, call.tool)
-
-    def dispatched(self, call: PreparedCall) -> None:
-        self._emit("dispatched", tool_call_id=call.call_id, tool=call.tool, task_id=call.task_id)
-
-    def on_state(self, task_id: str, state: str, meta: dict[str, Any]) -> None:
-        """Listener callback: a call's Celery state changed."""
-        if state != "STARTED":
-            return
-        info = meta.get("result") if isinstance(meta.get("result"), dict) else {}
-        call_id, tool = self._names.get(task_id, ("", ""))
-        self._emit(
-            "started",
-            tool_call_id=call_id,
-            tool=tool,
-            task_id=task_id,
-            worker=info.get("hostname"),
-            pid=info.get("pid"),
-        )
-
-    def cancelled(self, call: PreparedCall) -> None:
-        self._emit("cancelled", tool_call_id=call.call_id, tool=call.tool, task_id=call.task_id)
-
-    def finished(self, call: PreparedCall, result: ToolResult) -> None:
-        self._emit(
-            "finished",
-            tool_call_id=call.call_id,
-            tool=call.tool,
-            task_id=call.task_id,
-            status=result.status,
-            error_kind=result.error_kind,
-            worker=result.worker,
-            duration=result.duration,
-        )

@@ -53,6 +53,12 @@ def result_from_meta(meta: dict[str, Any], tool: str, spec: ToolSpec | None = No
             f"Error: {tool} is not a valid tool: the worker that received the call does not "
             "serve it.\n Please fix your mistakes.",
         )
+    if exc_type in ("UnreadableCall", "ContentDisallowed", "DecodeError"):
+        return ToolResult.error(
+            "protocol",
+            f"Error: the worker could not read the call to '{tool}': {detail}\n"
+            " Please fix your mistakes.",
+        )
     if exc_type == "WorkerLostError":
         return ToolResult.error(
             "worker_lost",

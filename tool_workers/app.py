@@ -20,20 +20,20 @@ RESTORE_INTERVAL = 5
 """Seconds between the broker's scans for unacknowledged calls of dead workers."""
 
 
-def visibility_timeout(policies: ToolPolicies) -> float:
+def visibility_timeout(policies: ToolPolicies, margin: float = REDELIVERY_MARGIN) -> float:
     """Seconds a fetched, unacknowledged call stays invisible before it is redelivered.
 
     Longer than any call may run (the longest hard time limit), plus the longest retry
     delay (a retried call waits in the worker for its countdown), plus a margin: a call
     that outlives the visibility timeout would be run a second time while still running.
     """
-    return policies.longest_time_limit() + policies.longest_retry_backoff() + REDELIVERY_MARGIN
+    return policies.longest_time_limit() + policies.longest_retry_backoff() + margin
 
 
 def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
     """The Celery configuration toolfleet runs with."""
     transport: dict[str, Any] = {
-        "visibility_timeout": visibility_timeout(policies),
+        "visibility_timeout": visibility_timeout(policies, settings.redelivery_margin),
         # A dead worker's calls come back within visibility_timeout + this interval.
         "unacked_restore_interval": RESTORE_INTERVAL,
         "unacked_restore_throttle": 1,
@@ -73,6 +73,7 @@ def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
         "result_extended": False,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
         "broker_channel_error_retry": True,
+        "worker_consumer": "tool_workers.consumer:ToolfleetConsumer",
     }
 
 

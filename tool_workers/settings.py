@@ -153,6 +153,9 @@ class Settings(BaseSettings):
     """Largest size of one result's content; larger ones are truncated with a note."""
     prefetch_multiplier: int = Field(default=1, ge=0)
     """Messages a worker process reserves ahead (1 keeps long calls from queueing behind)."""
+    redelivery_margin: float = Field(default=30.0, ge=0)
+    """Seconds added to the longest time limit and retry delay to get the broker's
+    visibility timeout: a call whose worker died is redelivered after that long."""
     log_json: bool = False
     """Log one JSON object per line."""
     model: str | None = None

@@ -1,0 +1,194 @@
+"""The fleet a benchmark run measures: one server, workers per scenario group.
+
+By default an embedded server (:class:`~orchestrator.local.EmbeddedRedis`) that lives
+for the run; with ``use_settings`` the broker the ``TOOLFLEET_*`` settings name. Each
+scenario group gets its own namespace (its own queues and keys), so its workers see only
+its calls; on a shared broker the run deletes its keys at the end. Workers are stock
+``celery -A tool_workers worker`` processes serving the built-in toolset, started and
+stopped by their own pids.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+import uuid
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from orchestrator.dispatch import CeleryDispatcher
+from orchestrator.fleet import close_all, dispatcher_for
+from orchestrator.local import EmbeddedRedis, WorkerProcess
+from tool_workers.settings import Settings
+
+WORKER_LOGLEVEL = "WARNING"
+"""Bench workers log warnings only: a line per task would be part of what is measured."""
+
+
+class BenchFleet:
+    """Starts and stops what a benchmark run needs.
+
+    Args:
+        workdir: Worker logs and the workspace root go here.
+        use_settings: Use the broker the ``TOOLFLEET_*`` settings name instead of an
+            embedded server.
+    """
+
+    def __init__(self, workdir: Path, *, use_settings: bool = False) -> None:
+        self.workdir = workdir
+        self.use_settings = use_settings
+        self.run_id = uuid.uuid4().hex[:8]
+        self.server: EmbeddedRedis | None = None
+        self.base: Settings | None = None
+        self.workers: list[WorkerProcess] = []
+        self.dispatchers: list[CeleryDispatcher] = []
+
+    def start(self) -> BenchFleet:
+        """Start the embedded server (unless the settings' broker is used)."""
+        workspace = self.workdir / "workspace"
+        workspace.mkdir(parents=True, exist_ok=True)
+        overrides: dict[str, Any] = {"workspace_root": workspace, "registry_refresh": 2.0}
+        if self.use_settings:
+            self.base = Settings(**overrides)
+        else:
+            self.server = EmbeddedRedis().start()
+            self.base = Settings(broker_url=self.server.url, **overrides)
+        return self
+
+    @property
+    def broker_url(self) -> str:
+        """URL of the broker the run uses."""
+        assert self.base is not None, "fleet not started"
+        return self.base.broker_url
+
+    def settings(self, group: str) -> Settings:
+        """Settings of a scenario group: the run's broker, the group's own namespace."""
+        assert self.base is not None, "fleet not started"
+        return self.base.model_copy(update={"namespace": f"bench-{self.run_id}-{group}"})
+
+    def start_workers(
+        self, settings: Settings, count: int, *, pool: str = "threads", concurrency: int = 4
+    ) -> list[WorkerProcess]:
+        """Start ``count`` workers for ``settings`` and wait until each serves its tools.
+
+        Raises:
+            RuntimeError: a worker exited or was not ready in time (its log is named).
+        """
+        started = []
+        for _ in range(count):
+            index = len(self.workers)
+            worker = WorkerProcess(
+                settings,
+                name=f"bench-{index}",
+                pool=pool,
+                concurrency=concurrency,
+                log_file=self.workdir / f"worker-{index}.log",
+                loglevel=WORKER_LOGLEVEL,
+            )
+            self.workers.append(worker)
+            started.append(worker.start())
+        for worker in started:
+            worker.wait_ready(timeout=90)
+        return started
+
+    def dispatcher(self, settings: Settings) -> CeleryDispatcher:
+        """The process-wide dispatcher of ``settings`` (remembered for the leak check)."""
+        dispatcher = dispatcher_for(settings=settings)
+        if dispatcher not in self.dispatchers:
+            self.dispatchers.append(dispatcher)
+        return dispatcher
+
+    def stop_workers(self, workers: list[WorkerProcess]) -> None:
+        """Stop these workers (warm shutdown, then SIGKILL of their own session)."""
+        for worker in workers:
+            worker.stop(grace=10)
+            if worker in self.workers:
+                self.workers.remove(worker)
+
+    def close(self) -> None:
+        """Stop every worker and the server this fleet started; drop the run's keys."""
+        close_all()
+        self.dispatchers.clear()
+        self.stop_workers(list(self.workers))
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        elif self.base is not None:
+            _delete_keys(self.base.broker_url, f"bench-{self.run_id}-*")
+
+    def server_version(self) -> str:
+        """``redis_version`` (and ``valkey_version``) the broker reports."""
+        client = redis.Redis.from_url(self.broker_url)
+        try:
+            info = client.info("server")
+        finally:
+            client.close()
+        name = "valkey" if "valkey_version" in info else "redis"
+        return f"{name} {info.get('valkey_version') or info.get('redis_version', '?')}"
+
+    def __enter__(self) -> BenchFleet:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _delete_keys(url: str, pattern: str) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        batch: list[bytes] = []
+        for key in client.scan_iter(match=pattern, count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                client.unlink(*batch)
+                batch.clear()
+        if batch:
+            client.unlink(*batch)
+    finally:
+        client.close()
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine and software a run measured: cores, RAM, CPU, Python, versions, date."""
+    info: dict[str, Any] = {
+        "cores": os.cpu_count() or 0,
+        "ram_gib": round(_mem_total_kib() / 1024 / 1024, 1),
+        "cpu": _cpu_model(),
+        "python": platform.python_version(),
+        "implementation": sys.implementation.name,
+        "platform": platform.platform(),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+    for dist in ("toolfleet", "celery", "kombu", "redis", "langgraph", "langchain"):
+        try:
+            info[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            info[dist] = "?"
+    return info
+
+
+def _mem_total_kib() -> int:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"

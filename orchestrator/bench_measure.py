@@ -1,0 +1,74 @@
+"""Measurement primitives of ``toolfleet bench``: summaries, memory, bounded runs."""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class ScenarioTimeout(Exception):
+    """Raised when a scenario does not finish within its time bound."""
+
+
+def summarise(samples: Sequence[float]) -> dict[str, float]:
+    """Count, median, p99 (nearest rank), mean, min and max of ``samples``.
+
+    An empty sample set summarises to zeros with ``count`` 0, so reports stay numeric.
+    """
+    if not samples:
+        return {"count": 0, "median": 0.0, "p99": 0.0, "mean": 0.0, "min": 0.0, "max": 0.0}
+    ordered = sorted(samples)
+    rank = max(1, math.ceil(0.99 * len(ordered)))
+    return {
+        "count": len(ordered),
+        "median": statistics.median(ordered),
+        "p99": ordered[rank - 1],
+        "mean": statistics.fmean(ordered),
+        "min": ordered[0],
+        "max": ordered[-1],
+    }
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process, from ``/proc/self/statm`` (0 where absent)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def bounded(fn: Callable[[], T], timeout: float, what: str) -> T:
+    """Run ``fn`` in a daemon thread and return its result within ``timeout`` seconds.
+
+    A sync agent run cannot be interrupted from outside; a scenario that hangs (a worker
+    died, a result never came) is abandoned in its thread so the harness can still stop
+    what it started and report the others.
+
+    Raises:
+        ScenarioTimeout: ``fn`` did not finish in time.
+    """
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"bench-{what}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise ScenarioTimeout(f"{what} did not finish within {timeout:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]  # type: ignore[no-any-return]

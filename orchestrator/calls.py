@@ -1,0 +1,90 @@
+"""A ToolCallRequest as a call on the wire, and a result as a ToolMessage."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from langchain_core.messages import AIMessage, ToolMessage
+from langgraph.prebuilt.tool_node import ToolCallRequest
+
+from orchestrator.dispatch import PreparedCall
+from tool_workers.protocol import ToolResult, ToolSpec, call_key, task_id_for
+
+
+def prepare(request: ToolCallRequest, spec: ToolSpec) -> PreparedCall:
+    """The wire form of the call in ``request``, with its deterministic task id."""
+    config = request.runtime.config if request.runtime is not None else {}
+    thread_id = (config.get("configurable") or {}).get("thread_id")
+    run_id = _run_id(request, config)
+    message = owning_message(request.state, request.tool_call["id"])
+    return prepare_raw(
+        request.tool_call, spec, thread_id, run_id, message.id if message is not None else None
+    )
+
+
+def prepare_raw(
+    tool_call: Mapping[str, Any],
+    spec: ToolSpec,
+    thread_id: Any,
+    run_id: str | None,
+    message_id: str | None,
+) -> PreparedCall:
+    thread = str(thread_id) if thread_id is not None else None
+    return PreparedCall(
+        tool=tool_call["name"],
+        call_id=tool_call["id"],
+        args=dict(tool_call.get("args") or {}),
+        task_id=task_id_for(call_key(thread, message_id, tool_call["id"])),
+        thread_id=thread,
+        run_id=run_id,
+        queue=spec.queue,
+        spec=spec,
+    )
+
+
+def _run_id(request: ToolCallRequest, config: Mapping[str, Any]) -> str | None:
+    info = getattr(request.runtime, "execution_info", None)
+    run_id = getattr(info, "run_id", None) or config.get("run_id")
+    return str(run_id) if run_id is not None else None
+
+
+def _messages(state: Any) -> list[Any]:
+    if isinstance(state, dict):
+        return list(state.get("messages") or [])
+    if isinstance(state, list):
+        return state
+    return list(getattr(state, "messages", None) or [])
+
+
+def owning_message(state: Any, call_id: str) -> AIMessage | None:
+    for message in reversed(_messages(state)):
+        if isinstance(message, AIMessage) and any(
+            tc.get("id") == call_id for tc in message.tool_calls
+        ):
+            return message
+    return None
+
+
+def answered_ids(state: Any) -> set[str]:
+    return {m.tool_call_id for m in _messages(state) if isinstance(m, ToolMessage)}
+
+
+def to_message(call: PreparedCall, result: ToolResult) -> ToolMessage:
+    """The ToolMessage for a call's result, as a local ToolNode would have built it."""
+    return ToolMessage(
+        content=result.content,
+        artifact=result.artifact,
+        status=result.status,
+        name=call.tool,
+        tool_call_id=call.call_id,
+        response_metadata={
+            "toolfleet": {
+                "task_id": call.task_id,
+                "worker": result.worker,
+                "pid": result.pid,
+                "duration": result.duration,
+                "error_kind": result.error_kind,
+            }
+        },
+    )

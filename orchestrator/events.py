@@ -1,0 +1,87 @@
+"""Tool-call progress, written to the run's ``custom`` stream as it happens."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+from typing import Any
+
+from langgraph.prebuilt.tool_node import ToolCallRequest
+
+from orchestrator.dispatch import PreparedCall
+from tool_workers.protocol import ToolResult
+
+log = logging.getLogger("toolfleet.orchestrator")
+
+
+class ToolCallEvents:
+    """Tool-call progress written to the run's ``custom`` stream.
+
+    Each event is ``{"toolfleet": {"event": "dispatched" | "started" | "finished" |
+    "cancelled", ...}}``
+    with the call's ``tool_call_id``, ``tool`` and ``task_id``; ``started`` names the worker
+    and pid, ``finished`` the status, worker and duration. A UI can draw a fan-out live.
+    """
+
+    def __init__(self, request: ToolCallRequest) -> None:
+        runtime = request.runtime
+        self._write = getattr(runtime, "stream_writer", None) if runtime is not None else None
+        self._names: dict[str, tuple[str, str]] = {}
+        # LangGraph's writer reads the run's config from a context variable; state changes
+        # arrive on the listener thread, so they write from a copy of this context.
+        self._context = contextvars.copy_context()
+        self._context_lock = threading.Lock()
+        self._thread = threading.current_thread()
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        if self._write is None:
+            return
+        payload = {"toolfleet": {"event": event, "ts": time.time(), **fields}}
+        try:
+            if threading.current_thread() is self._thread:
+                self._write(payload)
+            else:
+                with self._context_lock:
+                    self._context.run(self._write, payload)
+        except Exception:  # progress reporting never fails a call
+            log.debug("could not write a tool-call event", exc_info=True)
+
+    def track(self, calls: list[PreparedCall]) -> None:
+        """Remember the calls, so their state changes can name them."""
+        for call in calls:
+            self._names[call.task_id] = (call.call_id, call.tool)
+
+    def dispatched(self, call: PreparedCall) -> None:
+        self._emit("dispatched", tool_call_id=call.call_id, tool=call.tool, task_id=call.task_id)
+
+    def on_state(self, task_id: str, state: str, meta: dict[str, Any]) -> None:
+        """Listener callback: a call's Celery state changed."""
+        if state != "STARTED":
+            return
+        info = meta.get("result") if isinstance(meta.get("result"), dict) else {}
+        call_id, tool = self._names.get(task_id, ("", ""))
+        self._emit(
+            "started",
+            tool_call_id=call_id,
+            tool=tool,
+            task_id=task_id,
+            worker=info.get("hostname"),
+            pid=info.get("pid"),
+        )
+
+    def cancelled(self, call: PreparedCall) -> None:
+        self._emit("cancelled", tool_call_id=call.call_id, tool=call.tool, task_id=call.task_id)
+
+    def finished(self, call: PreparedCall, result: ToolResult) -> None:
+        self._emit(
+            "finished",
+            tool_call_id=call.call_id,
+            tool=call.tool,
+            task_id=call.task_id,
+            status=result.status,
+            error_kind=result.error_kind,
+            worker=result.worker,
+            duration=result.duration,
+        )
