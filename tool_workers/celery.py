@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import redis
 from celery import signals
 
 from tool_workers.app import create_app
+from tool_workers.connections import redis_client
 from tool_workers.loader import load_tools
+from tool_workers.logs import install_formatters, settings_fields
+from tool_workers.redaction import quiet_celery_trace
 from tool_workers.registry import RegistryPublisher, build_entry
 from tool_workers.settings import Settings
 from tool_workers.tasks import register_tools
@@ -36,7 +38,7 @@ def _publish_registry(sender: Any = None, **_: Any) -> None:
     global _publisher
     queues = list(sender.app.amqp.queues.consume_from)
     entry = build_entry(sender.hostname, queues, specs.values())
-    client = redis.Redis.from_url(settings.broker_url)
+    client = redis_client(settings.broker_url, settings)
     _publisher = RegistryPublisher(client, settings.key_prefix, entry, settings.registry_refresh)
     _publisher.start()
     log.info(
@@ -45,6 +47,16 @@ def _publish_registry(sender: Any = None, **_: Any) -> None:
         ", ".join(spec.name for spec in entry.tools) or "no tools",
         ", ".join(entry.queues),
     )
+    log.info("toolfleet settings", extra={"toolfleet": settings_fields(settings)})
+
+
+@signals.after_setup_logger.connect  # type: ignore[untyped-decorator]
+@signals.after_setup_task_logger.connect  # type: ignore[untyped-decorator]
+def _format_logs(logger: logging.Logger, **_: Any) -> None:
+    # Celery's handlers, levels and line format stay; TOOLFLEET_LOG_JSON picks JSON lines,
+    # and the per-call fields are rendered either way.
+    install_formatters(logger, settings)
+    quiet_celery_trace()
 
 
 @signals.worker_shutdown.connect

@@ -1,0 +1,236 @@
+"""``toolfleet status``: workers online, queue depths, tools per queue, in-flight calls.
+
+Where each number comes from:
+
+* **workers online, tools per queue**: the registry the workers publish
+  (:func:`tool_workers.registry.read_entries`); an entry expires three refresh
+  intervals after its worker stopped refreshing it.
+* **queue depth**: calls waiting in the broker. kombu's Redis transport keeps a queue
+  as a list named by the queue (``<namespace>:`` first when a namespace is set) plus a
+  list per priority step (``<queue>\\x06\\x16<n>``); the depth is the sum of their
+  ``LLEN``, one pipeline for all queues. Calls a worker has already fetched are not in
+  it. (Not kombu's passive ``queue_declare``: its existence check ignores the
+  namespace prefix.)
+* **in-flight calls**: Celery's ``inspect active`` sent to the registered workers: the
+  calls a worker has started and not finished, answered by the workers themselves. One
+  broadcast that returns as soon as every registered worker replied (at most
+  ``timeout`` seconds). It is exact where the alternatives are not: the
+  ``toolfleet:started:*`` run markers live for ``result_expires`` (a day) after their
+  call finished, so counting them against results means a scan of every call of the
+  day, and the broker's ``unacked`` hash also holds calls reserved but not started. A
+  worker that does not answer in time is listed as unresponsive, its calls not counted.
+  The replies carry the call's argsrepr (tool, call id, thread id), never its arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+from celery import Celery
+from kombu.transport.redis import PRIORITY_STEPS, Channel
+from rich.console import Console
+from rich.table import Table
+
+from tool_workers.app import create_app
+from tool_workers.connections import redis_client
+from tool_workers.protocol import WorkerEntry, tool_from_task
+from tool_workers.registry import read_entries
+from tool_workers.settings import Settings
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """One live worker, as its registry entry and its ``inspect active`` reply show it."""
+
+    name: str
+    pid: int
+    queues: list[str]
+    tools: list[str]
+    active: int | None
+    """Calls running on it now; ``None`` when it did not answer."""
+    last_seen: float
+    """Seconds since it last refreshed its registry entry."""
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """One queue: calls waiting, who consumes it, which tools go there."""
+
+    name: str
+    depth: int
+    workers: int
+    tools: list[str]
+
+
+@dataclass(frozen=True)
+class InFlightCall:
+    """A call a worker is running now."""
+
+    tool: str
+    task_id: str
+    worker: str
+    call: str
+    """The call's argsrepr: ``(<tool> call=<tool_call_id> thread=<thread id>)``."""
+    running_for: float | None
+
+
+@dataclass(frozen=True)
+class FleetStatus:
+    """Everything ``toolfleet status`` shows."""
+
+    namespace: str
+    workers: list[WorkerStatus]
+    queues: list[QueueStatus]
+    in_flight: list[InFlightCall]
+    unresponsive: list[str] = field(default_factory=list)
+    """Registered workers that did not answer ``inspect active`` in time."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form (``toolfleet status --json``)."""
+        data = asdict(self)
+        data["in_flight_count"] = len(self.in_flight)
+        return data
+
+
+def collect(settings: Settings, *, app: Celery | None = None, timeout: float = 2.0) -> FleetStatus:
+    """Read the fleet's status from the registry, the broker and the workers.
+
+    Args:
+        settings: Where the broker is and which namespace to look at.
+        app: The Celery app to inspect with (default: one built from ``settings``).
+        timeout: Seconds to wait for the workers' ``inspect active`` replies.
+    """
+    app = app or create_app(settings)
+    client = redis_client(settings.broker_url, settings)
+    try:
+        entries = read_entries(client, settings.key_prefix)
+        queues = _queues(client, settings, entries)
+    finally:
+        client.close()
+    active, unresponsive = _active(app, [e.worker for e in entries], timeout)
+    now = time.time()
+    workers = [
+        WorkerStatus(
+            name=e.worker,
+            pid=e.pid,
+            queues=list(e.queues),
+            tools=sorted(spec.name for spec in e.tools),
+            active=len(active[e.worker]) if e.worker in active else None,
+            last_seen=round(max(now - e.updated_at, 0.0), 1),
+        )
+        for e in sorted(entries, key=lambda e: e.worker)
+    ]
+    in_flight = [
+        InFlightCall(
+            tool=tool_from_task(str(task.get("name"))) or str(task.get("name")),
+            task_id=str(task.get("id")),
+            worker=worker,
+            call=str(task.get("args", "")),
+            running_for=round(now - task["time_start"], 1) if task.get("time_start") else None,
+        )
+        for worker, tasks in sorted(active.items())
+        for task in tasks
+    ]
+    return FleetStatus(settings.namespace, workers, queues, in_flight, unresponsive)
+
+
+def _active(
+    app: Celery, workers: list[str], timeout: float
+) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+    """Each registered worker's running calls, and the workers that did not answer."""
+    if not workers:
+        return {}, []
+    # limit: stop waiting once every registered worker has answered.
+    inspect = app.control.inspect(destination=workers, timeout=timeout, limit=len(workers))
+    replies = inspect.active(safe=True) or {}
+    return dict(replies), sorted(set(workers) - replies.keys())
+
+
+def _queues(
+    client: redis.Redis, settings: Settings, entries: Iterable[WorkerEntry]
+) -> list[QueueStatus]:
+    consumers: dict[str, int] = defaultdict(int)
+    tools: dict[str, set[str]] = defaultdict(set)
+    for entry in entries:
+        for queue in entry.queues:
+            consumers[queue] += 1
+        for spec in entry.tools:
+            tools[spec.queue].add(spec.name)
+    policies = settings.policies()
+    # Configured queues too: a queue no worker consumes is the one whose calls wait.
+    names = set(consumers) | {policies.defaults.queue}
+    names |= {policies.for_tool(name).queue for name in policies.tools}
+    ordered = sorted(names)
+    depths = queue_depths(client, settings, ordered)
+    return [
+        QueueStatus(name, depth, consumers.get(name, 0), sorted(tools.get(name, ())))
+        for name, depth in zip(ordered, depths, strict=True)
+    ]
+
+
+def queue_depths(client: redis.Redis, settings: Settings, queues: list[str]) -> list[int]:
+    """Calls waiting in each of ``queues``, in order (one pipeline of ``LLEN``)."""
+    prefix = f"{settings.namespace}:" if settings.namespace else ""
+    with client.pipeline(transaction=False) as pipe:
+        for queue in queues:
+            for step in PRIORITY_STEPS:
+                pipe.llen(f"{prefix}{queue}{Channel.sep}{step}" if step else f"{prefix}{queue}")
+        lengths = pipe.execute()
+    steps = len(PRIORITY_STEPS)
+    return [sum(lengths[i * steps : (i + 1) * steps]) for i in range(len(queues))]
+
+
+def render(status: FleetStatus, console: Console) -> None:
+    """Print ``status`` as rich tables."""
+    workers = Table(title=f"Workers online: {len(status.workers)}", title_justify="left")
+    for column in ("worker", "pid", "queues", "active", "seen", "tools"):
+        workers.add_column(column, overflow="fold")
+    for w in status.workers:
+        workers.add_row(
+            w.name,
+            str(w.pid),
+            ", ".join(w.queues),
+            "?" if w.active is None else str(w.active),
+            f"{w.last_seen:g}s ago",
+            str(len(w.tools)),
+        )
+    console.print(workers)
+
+    queues = Table(title="Queues", title_justify="left")
+    for column in ("queue", "depth", "workers", "tools served"):
+        queues.add_column(column, overflow="fold")
+    for q in status.queues:
+        served = ", ".join(q.tools) if q.tools else "[red]none: calls here wait[/]"
+        queues.add_row(q.name, str(q.depth), str(q.workers), served)
+    console.print(queues)
+
+    calls = Table(title=f"In-flight calls: {len(status.in_flight)}", title_justify="left")
+    for column in ("tool", "worker", "call", "running"):
+        calls.add_column(column, overflow="fold")
+    for c in status.in_flight:
+        running = "?" if c.running_for is None else f"{c.running_for:g}s"
+        calls.add_row(c.tool, c.worker, c.call, running)
+    console.print(calls)
+    if status.unresponsive:
+        console.print(f"[yellow]did not answer inspect active:[/] {', '.join(status.unresponsive)}")
+
+
+def run_status(settings: Settings, *, as_json: bool, timeout: float, console: Console) -> int:
+    """Collect and print the status; the exit code (1 when no worker is online)."""
+    app = create_app(settings)
+    try:
+        status = collect(settings, app=app, timeout=timeout)
+    finally:
+        app.close()
+    if as_json:
+        # Plain JSON on stdout for scripts (no rich highlighting or wrapping).
+        print(json.dumps(status.to_dict(), indent=2))
+    else:
+        render(status, console)
+    return 0 if status.workers else 1

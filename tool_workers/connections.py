@@ -1,0 +1,93 @@
+"""Redis connections toolfleet opens itself, with the same TLS options as Celery's.
+
+Celery and kombu open the broker and result-backend connections from ``broker_url``,
+``result_backend``, ``broker_use_ssl`` and ``redis_backend_use_ssl``
+(:func:`tool_workers.app.celery_config`). toolfleet also opens a few plain redis-py
+clients of its own: the registry publisher and reader, the dispatcher's send markers,
+the result listener's pub/sub. They all come from here, so a ``rediss://`` deployment
+verifies certificates the same way everywhere.
+
+Credentials travel in the URL (``redis://user:password@host:6379/0``; a password alone
+is ``redis://:password@host``); :func:`mask_secrets` hides them before a URL is logged.
+Options in a URL's query string (``?ssl_cert_reqs=none``) win over these settings.
+"""
+
+from __future__ import annotations
+
+import re
+import ssl
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+import redis.asyncio as aioredis
+
+from tool_workers.settings import Settings
+
+_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
+
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][\w+.-]*://)(?P<user>[^:/@\s]*):(?P<secret>[^@\s]+)@")
+
+
+def uses_tls(url: str) -> bool:
+    """Whether ``url`` is a TLS Redis URL (``rediss://``)."""
+    return urlsplit(url).scheme == "rediss"
+
+
+def ssl_options(settings: Settings) -> dict[str, Any]:
+    """TLS options in the form Celery's ``broker_use_ssl``/``redis_backend_use_ssl`` take."""
+    options: dict[str, Any] = {"ssl_cert_reqs": _CERT_REQS[settings.redis_ssl_cert_reqs]}
+    if settings.redis_ssl_ca_certs is not None:
+        options["ssl_ca_certs"] = str(settings.redis_ssl_ca_certs)
+    if settings.redis_ssl_certfile is not None:
+        options["ssl_certfile"] = str(settings.redis_ssl_certfile)
+    if settings.redis_ssl_keyfile is not None:
+        options["ssl_keyfile"] = str(settings.redis_ssl_keyfile)
+    return options
+
+
+def celery_tls_config(settings: Settings) -> dict[str, Any]:
+    """Celery's ``broker_use_ssl``/``redis_backend_use_ssl`` for the ``rediss://`` URLs.
+
+    Without them Celery refuses a ``rediss://`` result backend whose URL lacks
+    ``ssl_cert_reqs``; with them every connection verifies the same way.
+    """
+    config: dict[str, Any] = {}
+    if uses_tls(settings.broker_url):
+        config["broker_use_ssl"] = ssl_options(settings)
+    if uses_tls(settings.backend_url):
+        config["redis_backend_use_ssl"] = ssl_options(settings)
+    return config
+
+
+def redis_connection_kwargs(url: str, settings: Settings) -> dict[str, Any]:
+    """Keyword arguments for ``redis.Redis.from_url(url, ...)``: TLS options for ``rediss://``.
+
+    A plain ``redis://`` URL gets none (redis-py refuses TLS options on a plain
+    connection).
+    """
+    return ssl_options(settings) if uses_tls(url) else {}
+
+
+def redis_client(url: str, settings: Settings, **kwargs: Any) -> redis.Redis:
+    """A redis-py client for ``url`` with the deployment's TLS options.
+
+    Args:
+        url: A ``redis://`` or ``rediss://`` URL (credentials in it).
+        settings: Supplies the TLS options.
+        **kwargs: More ``redis.Redis`` options (timeouts, ...).
+    """
+    return redis.Redis.from_url(url, **redis_connection_kwargs(url, settings), **kwargs)
+
+
+def async_redis_client(url: str, settings: Settings, **kwargs: Any) -> aioredis.Redis:
+    """The ``redis.asyncio`` counterpart of :func:`redis_client`."""
+    return aioredis.from_url(url, **redis_connection_kwargs(url, settings), **kwargs)
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@`` in it as ``***``.
+
+    User names stay (they help debugging); works on a bare URL and on a log line alike.
+    """
+    return _USERINFO.sub(r"\g<scheme>\g<user>:***@", text)

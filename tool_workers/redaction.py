@@ -1,0 +1,76 @@
+"""Flower and the worker log show which call ran and how it ended, never its payload.
+
+Arguments are kept out at the source: the orchestrator publishes every call with
+``argsrepr="(<tool> call=<tool_call_id> thread=<thread id>)"`` and ``kwargsrepr="{}"``,
+which is what Celery logs and sends in ``task-received`` events (and what Flower shows
+as args/kwargs).
+
+Workers answering ``inspect active``/``reserved``/``scheduled`` (Flower asks these for
+a worker's page, ``toolfleet status`` for in-flight calls) would list the real
+arguments unless asked with ``safe=True``: :class:`ToolCallRequest` always answers with
+the argsrepr.
+
+Results need two more stops, because Celery prints ``repr(result)`` (up to the task's
+``resultrepr_maxsize``, 1024 characters) in two places: the pool's "Task ... succeeded
+in ...: <result>" log line, and the ``result`` field of the ``task-succeeded`` event
+that Flower stores and shows. :class:`ToolCallRequest` (the tool tasks' Celery
+``Request`` class) replaces the event's result with :func:`result_summary`, and
+:class:`SucceededLineFilter` does the same for the log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from celery.app import trace
+from celery.worker.request import Request
+
+from tool_workers.protocol import TASK_PREFIX
+
+_STATUS = re.compile(r"'status': '(\w+)'")
+
+
+def result_summary(result_repr: Any) -> str:
+    """What may be shown of a tool task's result: its status, e.g. ``<success>``.
+
+    Args:
+        result_repr: Celery's ``saferepr`` of the task's return value, a ToolResult dict
+            whose ``status`` key comes second, right after ``protocol_version``.
+    """
+    match = _STATUS.search(str(result_repr)[:200])
+    return f"<{match.group(1) if match else 'result'}>"
+
+
+class ToolCallRequest(Request):  # type: ignore[misc]
+    """Celery's task request, showing argsrepr and a result summary, never the payload."""
+
+    def info(self, safe: bool = False) -> dict[str, Any]:
+        # What inspect replies carry: the argsrepr whoever asks.
+        return dict(super().info(safe=True))
+
+    def send_event(self, type: str, **fields: Any) -> None:
+        if type == "task-succeeded" and "result" in fields:
+            fields["result"] = result_summary(fields["result"])
+        super().send_event(type, **fields)
+
+
+class SucceededLineFilter(logging.Filter):
+    """Replaces the result in Celery's "Task tools.<name>[id] succeeded in ..." log line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if (
+            record.msg == trace.LOG_SUCCESS
+            and isinstance(args, dict)
+            and str(args.get("name", "")).startswith(TASK_PREFIX)
+        ):
+            record.args = {**args, "return_value": result_summary(args.get("return_value"))}
+        return True
+
+
+def quiet_celery_trace() -> None:
+    """Install :class:`SucceededLineFilter` on Celery's trace logger (once)."""
+    if not any(isinstance(f, SucceededLineFilter) for f in trace.logger.filters):
+        trace.logger.addFilter(SucceededLineFilter())
