@@ -63,11 +63,18 @@ def one_turn_model(
     return ScriptedChatModel(policy=policy)
 
 
-def looping_model(tool: str, args: dict[str, Any], deadline: float) -> ScriptedChatModel:
-    """Calls ``tool`` once per turn until ``deadline`` (``perf_counter`` time), then answers."""
+@dataclass
+class Window:
+    """Until when (``perf_counter`` time) looping models keep calling tools."""
+
+    end: float = 0.0
+
+
+def looping_model(tool: str, args: dict[str, Any], window: Window) -> ScriptedChatModel:
+    """Calls ``tool`` once per turn until ``window.end``, then answers."""
 
     def policy(messages: Sequence[BaseMessage]) -> AIMessage:
-        if time.perf_counter() < deadline:
+        if time.perf_counter() < window.end:
             return tool_calls_message([(tool, args)])
         return AIMessage(content="done")
 

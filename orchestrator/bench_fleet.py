@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 
+from orchestrator.bench_measure import cpu_seconds
 from orchestrator.dispatch import CeleryDispatcher
 from orchestrator.fleet import close_all, dispatcher_for
 from orchestrator.local import EmbeddedRedis, WorkerProcess
@@ -47,6 +48,7 @@ class BenchFleet:
         self.base: Settings | None = None
         self.workers: list[WorkerProcess] = []
         self.dispatchers: list[CeleryDispatcher] = []
+        self._server_pid = 0
 
     def start(self) -> BenchFleet:
         """Start the embedded server (unless the settings' broker is used)."""
@@ -58,6 +60,11 @@ class BenchFleet:
         else:
             self.server = EmbeddedRedis().start()
             self.base = Settings(broker_url=self.server.url, **overrides)
+            client = redis.Redis.from_url(self.server.url)
+            try:
+                self._server_pid = int(client.info("server")["process_id"])
+            finally:
+                client.close()
         return self
 
     @property
@@ -121,6 +128,18 @@ class BenchFleet:
         elif self.base is not None:
             _delete_keys(self.base.broker_url, f"bench-{self.run_id}-*")
 
+    def cpu_times(self) -> dict[str, float]:
+        """CPU seconds used so far by this process, the running workers and the server.
+
+        Read from ``/proc``: a server on another host counts 0.
+        """
+        workers = [pid for w in self.workers for pid in (w.pid, *w.children())]
+        return {
+            "orchestrator": cpu_seconds(os.getpid()),
+            "workers": sum(cpu_seconds(pid) for pid in workers),
+            "server": cpu_seconds(self._server_pid) if self._server_pid else 0.0,
+        }
+
     def server_version(self) -> str:
         """``redis_version`` (and ``valkey_version``) the broker reports."""
         client = redis.Redis.from_url(self.broker_url)
@@ -163,6 +182,7 @@ def machine_info() -> dict[str, Any]:
         "implementation": sys.implementation.name,
         "platform": platform.platform(),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "loadavg_start": load_average(),
     }
     for dist in ("toolfleet", "celery", "kombu", "redis", "langgraph", "langchain"):
         try:
@@ -170,6 +190,14 @@ def machine_info() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             info[dist] = "?"
     return info
+
+
+def load_average() -> float:
+    """The 1-minute load average (other work on the machine skews every number)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return 0.0
 
 
 def _mem_total_kib() -> int:

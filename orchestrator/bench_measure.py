@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class ScenarioTimeout(Exception):
@@ -44,6 +45,16 @@ def rss_bytes() -> int:
             return int(statm.read().split()[1]) * _PAGE
     except (OSError, IndexError, ValueError):
         return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used (0 if it is gone or not local)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 def bounded(fn: Callable[[], T], timeout: float, what: str) -> T:

@@ -1,0 +1,261 @@
+"""``toolfleet bench``: every scenario in one run, side by side, against its baselines.
+
+Benchmarks are not timed tests: they print tables and write a report. The scenarios
+(``orchestrator/bench_*.py``, one each):
+
+* a. ``latency``: one trivial call, whole agent run; local ``ToolNode``, toolfleet sync
+  and async; raw Celery and raw Redis round trips as floors.
+* b. ``fanout``: N calls of ``sleep(0.5 s)`` in one AIMessage, tool phase against N; the
+  orchestrator's cost of publishing 100 calls.
+* c. ``throughput``: calls per second with K concurrent runs, against raw Celery.
+* d. ``memory``: orchestrator RSS per in-flight call; nothing leaked after the runs.
+* e. ``scale``: a sleep-bound fan-out on 1, 2 and 4 worker processes.
+
+It starts what it needs: an embedded server and ``celery worker`` processes (or only
+the workers, on the broker the settings name, with ``use_settings``), and stops them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from orchestrator.bench_fanout import run_dispatch_cost, run_fanout
+from orchestrator.bench_fleet import BenchFleet, load_average, machine_info
+from orchestrator.bench_latency import run_latency
+from orchestrator.bench_load import run_scale, run_throughput
+from orchestrator.bench_measure import bounded
+from orchestrator.bench_memory import leaks, run_memory
+from orchestrator.bench_report import (
+    markdown,
+    print_tables,
+    require_matplotlib,
+    targets,
+    write_json,
+    write_plot,
+)
+
+SCENARIOS = {"a": "latency", "b": "fanout", "c": "throughput", "d": "memory", "e": "scale"}
+"""Scenario ids of the issue and their names (``--only`` takes either)."""
+
+REPORT_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much of each scenario to run, and how long each may take at most."""
+
+    fleet_workers: int = 2
+    fleet_concurrency: int = 300
+    latency_iterations: int = 300
+    latency_warmup: int = 20
+    fanout_sizes: tuple[int, ...] = (1, 10, 100, 500)
+    fanout_seconds: float = 0.5
+    fanout_repeats: int = 7
+    dispatch_calls: int = 100
+    dispatch_repeats: int = 20
+    throughput_runs: int = 16
+    throughput_seconds: float = 5.0
+    throughput_warmup: float = 1.0
+    throughput_rounds: int = 5
+    memory_calls: int = 1000
+    memory_seconds: float = 2.0
+    scale_workers: tuple[int, ...] = (1, 2, 4)
+    scale_concurrency: int = 4
+    scale_calls: int = 160
+    scale_seconds: float = 0.2
+    scale_repeats: int = 3
+    bound: float = 300.0
+    """Seconds any one scenario may run before it is abandoned and reported as an error."""
+
+
+FULL = Plan()
+QUICK = Plan(
+    fleet_workers=1,
+    fleet_concurrency=128,
+    latency_iterations=10,
+    latency_warmup=2,
+    fanout_sizes=(1, 10, 50),
+    fanout_seconds=0.2,
+    fanout_repeats=1,
+    dispatch_repeats=2,
+    throughput_runs=4,
+    throughput_seconds=0.5,
+    throughput_warmup=0.2,
+    throughput_rounds=1,
+    memory_calls=100,
+    memory_seconds=1.0,
+    scale_concurrency=2,
+    scale_calls=16,
+    scale_seconds=0.1,
+    scale_repeats=1,
+    bound=60.0,
+)
+
+
+def select(only: str | None) -> list[str]:
+    """Scenario names to run, from ``--only`` (ids or names, comma-separated).
+
+    Raises:
+        ValueError: an unknown scenario is named.
+    """
+    if not only:
+        return list(SCENARIOS.values())
+    chosen = []
+    for item in (part.strip() for part in only.split(",") if part.strip()):
+        name = SCENARIOS.get(item, item)
+        if name not in SCENARIOS.values():
+            raise ValueError(f"unknown scenario {item!r}; choose from {', '.join(SCENARIOS)}")
+        chosen.append(name)
+    return [name for name in SCENARIOS.values() if name in chosen]
+
+
+def run_bench(
+    plan: Plan,
+    *,
+    quick: bool = False,
+    use_settings: bool = False,
+    scenarios: Iterable[str] = SCENARIOS.values(),
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Run the scenarios against a fleet this call starts and stops; return the report."""
+    console = console or Console()
+    wanted = list(scenarios)
+    report: dict[str, Any] = {
+        "schema": REPORT_SCHEMA,
+        "quick": quick,
+        "machine": machine_info(),
+        "plan": dataclasses.asdict(plan),
+        "scenarios": {},
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="toolfleet-bench-") as tmp,
+        BenchFleet(Path(tmp), use_settings=use_settings) as fleet,
+    ):
+        report["machine"]["broker"] = fleet.server_version() + (
+            " (TOOLFLEET_BROKER_URL)" if use_settings else " (embedded)"
+        )
+        main = fleet.settings("main")
+        main_workers = []
+        if any(name != "scale" for name in wanted):
+            console.print(
+                f"starting {plan.fleet_workers} worker(s), threads pool of {plan.fleet_concurrency}"
+            )
+            main_workers = fleet.start_workers(
+                main, plan.fleet_workers, concurrency=plan.fleet_concurrency
+            )
+        dispatcher = fleet.dispatcher(main)
+        jobs: dict[str, Callable[[], dict[str, Any]]] = {
+            "latency": lambda: run_latency(
+                dispatcher,
+                fleet.broker_url,
+                iterations=plan.latency_iterations,
+                warmup=plan.latency_warmup,
+                budget=plan.bound / 2,
+            ),
+            "fanout": lambda: {
+                **run_fanout(
+                    dispatcher,
+                    sizes=plan.fanout_sizes,
+                    seconds=plan.fanout_seconds,
+                    repeats=plan.fanout_repeats,
+                    budget=plan.bound / 2,
+                    cpu_times=fleet.cpu_times,
+                ),
+                "dispatch": run_dispatch_cost(
+                    dispatcher, n=plan.dispatch_calls, repeats=plan.dispatch_repeats
+                ),
+            },
+            "throughput": lambda: run_throughput(
+                dispatcher,
+                runs=plan.throughput_runs,
+                duration=plan.throughput_seconds,
+                warmup=plan.throughput_warmup,
+                rounds=plan.throughput_rounds,
+            ),
+            "memory": lambda: run_memory(
+                dispatcher,
+                calls=plan.memory_calls,
+                seconds=plan.memory_seconds,
+                modes=("sync", "async"),
+            ),
+            "scale": lambda: run_scale(
+                fleet,
+                fleet.settings("scale"),
+                counts=plan.scale_workers,
+                concurrency=plan.scale_concurrency,
+                calls=plan.scale_calls,
+                seconds=plan.scale_seconds,
+                repeats=plan.scale_repeats,
+            ),
+        }
+        for name in wanted:
+            if name == "scale":
+                # The scale workers get the machine to themselves.
+                fleet.stop_workers(main_workers)
+            t0 = time.perf_counter()
+            console.print(f"scenario {name} ...")
+            try:
+                result = bounded(jobs[name], plan.bound, name)
+            except Exception as exc:
+                result = {"error": f"{type(exc).__name__}: {exc}"}
+            result["elapsed"] = time.perf_counter() - t0
+            report["scenarios"][name] = result
+            console.print(f"scenario {name} done in {result['elapsed']:.1f} s")
+        report["leaks"] = leaks(fleet.dispatchers)
+    report["machine"]["loadavg_end"] = load_average()
+    report["targets"] = targets(report)
+    return report
+
+
+def main(
+    *,
+    quick: bool = False,
+    json_path: Path | None = None,
+    plot_path: Path | None = None,
+    markdown_path: Path | None = None,
+    use_settings: bool = False,
+    only: str | None = None,
+    console: Console | None = None,
+) -> int:
+    """The ``toolfleet bench`` command: run, print, write; 1 if a scenario failed to run.
+
+    Targets that are missed do not fail the command: a benchmark reports, it does not test.
+    """
+    console = console or Console()
+    scenarios = select(only)
+    if plot_path is not None:
+        require_matplotlib()
+    report = run_bench(
+        QUICK if quick else FULL,
+        quick=quick,
+        use_settings=use_settings,
+        scenarios=scenarios,
+        console=console,
+    )
+    machine = report["machine"]
+    console.print(
+        f"\n[bold]toolfleet bench[/] {'(quick) ' if quick else ''}on {machine['cores']} cores, "
+        f"{machine['ram_gib']:g} GiB, {machine['cpu']}, Python {machine['python']}, "
+        f"{machine['broker']}, {machine['date']}, load average {machine['loadavg_start']:g} "
+        f"at start, {machine['loadavg_end']:g} at end\n"
+    )
+    print_tables(report, console)
+    if json_path is not None:
+        write_json(report, json_path)
+        console.print(f"wrote {json_path}")
+    if plot_path is not None:
+        write_plot(report, plot_path)
+        console.print(f"wrote {plot_path}")
+    if markdown_path is not None:
+        markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        markdown_path.write_text(markdown(report), encoding="utf-8")
+        console.print(f"wrote {markdown_path}")
+    return 1 if any("error" in s for s in report["scenarios"].values()) else 0

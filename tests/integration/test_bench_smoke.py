@@ -1,0 +1,88 @@
+"""``toolfleet bench --quick`` runs every scenario and writes a valid report.
+
+Benchmarks are not timed tests: this checks that the harness runs end to end (its own
+embedded server and workers) and that its JSON report is complete and numeric, never
+what the numbers are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.bench import SCENARIOS
+
+pytestmark = pytest.mark.timeout(180)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def numbers(value: Any, path: str = "$") -> list[tuple[str, float]]:
+    """Every number in a JSON value, with its path."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, (int, float)):
+        return [(path, float(value))]
+    if isinstance(value, dict):
+        return [n for key, item in value.items() for n in numbers(item, f"{path}.{key}")]
+    if isinstance(value, list):
+        return [n for i, item in enumerate(value) for n in numbers(item, f"{path}[{i}]")]
+    return []
+
+
+def test_quick_bench_writes_a_complete_report(tmp_path: Path) -> None:
+    """Given nothing running, when `toolfleet bench --quick --json` runs, then it exits 0
+    within bounds and the report has every scenario, finite numbers and judged targets."""
+    report_path = tmp_path / "bench.json"
+    plot_path = tmp_path / "fanout.png"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLFLEET_")}
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "bench",
+            "--quick",
+            "--json",
+            str(report_path),
+            "--plot",
+            str(plot_path),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["schema"] == 1 and report["quick"] is True
+    assert set(report["scenarios"]) == set(SCENARIOS.values())
+    for name, scenario in report["scenarios"].items():
+        assert "error" not in scenario, (name, scenario)
+    found = numbers(report)
+    assert found
+    assert all(math.isfinite(value) for _, value in found), [
+        p for p, v in found if not math.isfinite(v)
+    ]
+    machine = report["machine"]
+    assert machine["cores"] >= 1 and machine["ram_gib"] > 0 and machine["python"]
+    latency = report["scenarios"]["latency"]["modes"]
+    assert all(latency[mode]["count"] > 0 for mode in latency)
+    assert {p["mode"] for p in report["scenarios"]["fanout"]["points"]} == {"sync", "async"}
+    assert [p["workers"] for p in report["scenarios"]["scale"]["points"]] == [1, 2, 4]
+    assert report["leaks"] == {"in_flight": 0, "pending": 0, "subscriptions": 0}
+    ids = {t["id"] for t in report["targets"]}
+    assert {"a.sync", "a.async", "c", "d.sync", "d.async", "d.leaks", "e"} <= ids
+    assert all(isinstance(t["pass"], bool) for t in report["targets"])
+    assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Targets" in done.stdout
