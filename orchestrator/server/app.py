@@ -1,0 +1,163 @@
+"""The ASGI app: the Agent Protocol routes over one replica's services.
+
+``create_app(settings)`` builds it; its lifespan opens the checkpointer (SQLite file, or
+Postgres when ``TOOLFLEET_DATABASE_URL`` is set), connects to Redis, builds the agent and
+starts the event relay and the run manager; on shutdown it cancels this replica's runs
+(their tool tasks are revoked) and closes everything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import version
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from orchestrator.agent import async_checkpointer
+from orchestrator.fleet import dispatcher_for
+from orchestrator.server.auth import TokenAuth
+from orchestrator.server.errors import RequestRefused
+from orchestrator.server.eventlog import EventLog, EventRelay
+from orchestrator.server.graph import AgentProvider, resolve_model
+from orchestrator.server.keys import Keys
+from orchestrator.server.routes import assistants, runs, system, threads
+from orchestrator.server.runner import RunManager
+from orchestrator.server.services import Services
+from orchestrator.server.store import Store
+from tool_workers.connections import async_redis_client, mask_secrets
+from tool_workers.errors import ConfigError
+from tool_workers.settings import Settings
+
+log = logging.getLogger("toolfleet.server")
+
+
+def create_app(settings: Settings, *, replica_id: str | None = None) -> FastAPI:
+    """The service's ASGI app.
+
+    Args:
+        settings: Where Redis, the fleet and the checkpointer are; the model; the API
+            tokens (none: no authentication).
+        replica_id: This replica's id (default: host, pid and a random suffix).
+    """
+    auth = TokenAuth(settings.api_tokens)
+    replica = replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with _services(settings, replica) as svc:
+            app.state.services = svc
+            log.info(
+                "toolfleet service up: replica %s, redis %s, checkpointer %s, %s",
+                replica,
+                mask_secrets(settings.broker_url),
+                "postgres" if settings.database_url else f"sqlite {settings.checkpoint_path}",
+                f"{len(settings.api_tokens)} API token(s)" if auth.enabled else "NO AUTH",
+            )
+            yield
+
+    app = FastAPI(
+        title="toolfleet",
+        version=version("toolfleet"),
+        summary="LangGraph Agent Protocol over an agent whose tool calls run on Celery workers",
+        lifespan=lifespan,
+    )
+    app.include_router(system.router)
+    protected = [Depends(auth)]
+    for router in (assistants.router, threads.router, runs.router):
+        app.include_router(router, dependencies=protected)
+    app.add_exception_handler(RequestRefused, _refused)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    return app
+
+
+@asynccontextmanager
+async def _services(settings: Settings, replica: str) -> AsyncIterator[Services]:
+    dispatcher = dispatcher_for(settings=settings)
+    model = resolve_model(settings.model)
+    keys = Keys(settings.key_prefix)
+    url = settings.broker_url
+    strings = async_redis_client(url, settings, decode_responses=True)
+    raw = async_redis_client(url, settings)
+    relay_client = async_redis_client(url, settings)  # its XREAD blocks: a client of its own
+    async with async_checkpointer(settings) as checkpointer:
+        agents = AgentProvider(settings, model, checkpointer, dispatcher)
+        store = Store(strings, keys, settings.run_ttl)
+        relay = EventRelay(relay_client, keys, replica)
+        manager = RunManager(
+            client=strings,
+            keys=keys,
+            store=store,
+            events=EventLog(raw, keys, settings.run_ttl),
+            relay=relay,
+            agents=agents,
+            checkpointer=checkpointer,
+            max_runs=settings.max_runs,
+            replica_id=replica,
+        )
+        await relay.start()
+        await manager.start()
+        try:
+            await agents.get()
+            yield Services(settings, strings, store, manager, agents, checkpointer, dispatcher)
+        finally:
+            await manager.close()
+            await relay.close()
+            for client in (strings, raw, relay_client):
+                await client.aclose()
+
+
+async def _refused(request: Request, exc: Exception) -> JSONResponse:
+    status = getattr(exc, "status_code", 400)
+    headers = {"Retry-After": "1"} if status == 429 else None
+    return JSONResponse({"detail": str(exc)}, status_code=status, headers=headers)
+
+
+async def _invalid(request: Request, exc: Exception) -> JSONResponse:
+    errors: list[dict[str, Any]] = list(getattr(exc, "errors", list)())
+    # One line naming every bad field, where the SDK's error message shows it.
+    described = "; ".join(f"{_field(e.get('loc', ()))}: {e.get('msg')}" for e in errors)
+    return JSONResponse(
+        {"detail": described or "invalid request", "errors": jsonable_encoder(errors)},
+        status_code=422,
+    )
+
+
+def _field(location: Any) -> str:
+    parts = [str(p) for p in location]
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:] or parts
+    return ".".join(parts)
+
+
+def serve(settings: Settings, *, host: str, port: int, no_auth: bool = False) -> None:
+    """Serve the app with uvicorn until SIGINT/SIGTERM.
+
+    Raises:
+        ConfigError: no API tokens are configured and ``no_auth`` is not set.
+    """
+    import uvicorn
+
+    if not settings.api_tokens and not no_auth:
+        raise ConfigError(
+            "no API tokens: set TOOLFLEET_API_TOKENS (comma-separated), or pass --no-auth "
+            "to serve without authentication"
+        )
+    for name in ("uvicorn.error", "uvicorn.access"):  # startup line and one line a request
+        logging.getLogger(name).setLevel(logging.INFO)
+    config = uvicorn.Config(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_config=None,  # configure_logging's handler and format
+        timeout_graceful_shutdown=10,  # then open streams are cut and local runs cancelled
+    )
+    uvicorn.Server(config).run()

@@ -1,0 +1,224 @@
+"""Each run's stream parts in a Redis stream, readable from every replica.
+
+The replica executing a run appends every stream part to ``run-events:<id>`` (one
+``XADD``), then an end marker. Whoever streams or joins the run (the same replica or
+another one behind the load balancer) reads that stream: one code path, and a stream
+survives a client reconnecting to a different replica. The entry ids double as SSE event
+ids, so a client that reconnects with ``Last-Event-ID`` resumes where it left off.
+
+A replica reads all the runs its clients follow with one blocking ``XREAD`` over their
+streams (not a connection per client); a per-replica *wake* stream in the same ``XREAD``
+lets a new follower join without waiting for the block to time out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from orchestrator.server.encoding import loads
+from orchestrator.server.keys import Keys
+
+log = logging.getLogger("toolfleet.server")
+
+END = "__end__"
+"""Event name of the marker after a run's last stream part (its data: the run status)."""
+
+MAX_EVENTS = 10_000
+"""Entries kept per run (approximately): a very long run's earliest parts are trimmed."""
+
+_BLOCK_MS = 5_000
+_BACKLOG = 10_000
+"""Entries buffered for one follower; a follower that falls this far behind is dropped
+(its client reconnects with ``Last-Event-ID`` and catches up from Redis)."""
+
+
+class Entry(NamedTuple):
+    """One stream part: its id (also the SSE event id), event name and JSON data."""
+
+    id: str
+    event: str
+    data: bytes
+
+
+def parse_id(entry_id: str) -> tuple[int, int]:
+    """A stream entry id (``"1700000000000-0"`` or ``"0"``) as a comparable pair.
+
+    Raises:
+        ValueError: not an entry id.
+    """
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class EventLog:
+    """Appends a run's stream parts (the replica executing it).
+
+    Args:
+        client: A ``redis.asyncio`` client (bytes responses).
+        keys: Key names of the deployment.
+        ttl: Seconds the log is kept after its last entry.
+    """
+
+    def __init__(self, client: aioredis.Redis, keys: Keys, ttl: int) -> None:
+        self._r: Any = client  # redis-py's stubs type replies loosely
+        self._keys = keys
+        self._ttl = ttl
+
+    async def append(self, run_id: str, event: str, data: bytes) -> None:
+        """Append one stream part."""
+        key = self._keys.events(run_id)
+        async with self._r.pipeline(transaction=False) as pipe:
+            pipe.xadd(key, {"e": event, "d": data}, maxlen=MAX_EVENTS, approximate=True)
+            pipe.expire(key, self._ttl)
+            await pipe.execute()
+
+    async def end(self, run_id: str, status: str) -> None:
+        """Mark the end of the run's stream parts."""
+        await self.append(run_id, END, status.encode())
+
+    async def last(self, run_id: str) -> Entry | None:
+        """The newest entry of the run's log."""
+        newest = await self._r.xrevrange(self._keys.events(run_id), count=1)
+        return _entry(*newest[0]) if newest else None
+
+    async def last_of(self, run_id: str, event: str) -> Any:
+        """The data (parsed) of the newest entry named ``event``, or ``None``."""
+        key, upper = self._keys.events(run_id), "+"
+        while True:
+            page = await self._r.xrevrange(key, max=upper, count=100)
+            for entry in (_entry(*item) for item in page):
+                if entry.event == event:
+                    return loads(entry.data)
+            if len(page) < 100:
+                return None
+            upper = "(" + _entry(*page[-1]).id
+
+
+def _entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> Entry:
+    eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return Entry(eid, fields.get(b"e", b"").decode(), fields.get(b"d", b""))
+
+
+@dataclass(eq=False)
+class Follower:
+    """One reader of one run's log, fed by the relay."""
+
+    run_id: str
+    position: str
+    queue: asyncio.Queue[Entry] = field(default_factory=asyncio.Queue)
+    dropped: bool = False
+
+    async def next(self, timeout: float | None = None) -> Entry | None:
+        """The next entry; ``None`` after ``timeout`` seconds without one.
+
+        Raises:
+            OverflowError: this follower fell too far behind and was dropped.
+        """
+        if self.dropped and self.queue.empty():
+            raise OverflowError(f"reader of run {self.run_id} fell behind")
+        try:
+            return await asyncio.wait_for(self.queue.get(), timeout)
+        except TimeoutError:
+            return None
+
+
+class EventRelay:
+    """Feeds every follower on this replica from one blocking ``XREAD``.
+
+    Args:
+        client: A ``redis.asyncio`` client (bytes responses) the relay uses alone.
+        keys: Key names of the deployment.
+        replica_id: This replica's id (names its wake stream).
+    """
+
+    def __init__(self, client: aioredis.Redis, keys: Keys, replica_id: str) -> None:
+        self._r: Any = client
+        self._keys = keys
+        self._wake_key = keys.wake(replica_id)
+        self._wake_position = "0-0"
+        self._followers: dict[str, set[Follower]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start the reader task."""
+        self._task = asyncio.create_task(self._read_forever(), name="toolfleet-event-relay")
+
+    async def close(self) -> None:
+        """Stop the reader task and drop the wake stream."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(RedisError, OSError):
+            await self._r.delete(self._wake_key)
+
+    @contextlib.asynccontextmanager
+    async def follow(self, run_id: str, after: str = "0-0") -> AsyncIterator[Follower]:
+        """Follow the run's log from just after entry ``after`` (``"0-0"``: the start)."""
+        follower = Follower(run_id, after)
+        self._followers.setdefault(run_id, set()).add(follower)
+        try:
+            await self._wake()
+            yield follower
+        finally:
+            followers = self._followers.get(run_id)
+            if followers is not None:
+                followers.discard(follower)
+                if not followers:
+                    del self._followers[run_id]
+
+    async def _wake(self) -> None:
+        async with self._r.pipeline(transaction=False) as pipe:
+            pipe.xadd(self._wake_key, {"w": uuid.uuid4().hex[:8]}, maxlen=16, approximate=False)
+            pipe.expire(self._wake_key, 86_400)
+            await pipe.execute()
+
+    async def _read_forever(self) -> None:
+        backoff = 0.1
+        while True:
+            streams: dict[str, str] = {self._wake_key: self._wake_position}
+            by_key: dict[bytes, str] = {}
+            for run_id, followers in list(self._followers.items()):
+                if not followers:
+                    continue
+                key = self._keys.events(run_id)
+                streams[key] = min((f.position for f in followers), key=parse_id)
+                by_key[key.encode()] = run_id
+            try:
+                result = await self._r.xread(streams, block=_BLOCK_MS, count=500)
+            except (RedisError, OSError) as exc:
+                log.warning("event relay lost Redis (%r); retrying", exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            backoff = 0.1
+            for key, entries in result or []:
+                raw_key = key if isinstance(key, bytes) else key.encode()
+                if raw_key == self._wake_key.encode():
+                    self._wake_position = _entry(*entries[-1]).id
+                    continue
+                followed = by_key.get(raw_key)
+                if followed is not None:
+                    self._deliver(followed, [_entry(*e) for e in entries])
+
+    def _deliver(self, run_id: str, entries: list[Entry]) -> None:
+        for follower in list(self._followers.get(run_id, ())):
+            position = parse_id(follower.position)
+            for entry in entries:
+                if parse_id(entry.id) <= position:
+                    continue
+                if follower.queue.qsize() >= _BACKLOG:
+                    follower.dropped = True
+                    self._followers[run_id].discard(follower)
+                    break
+                follower.queue.put_nowait(entry)
+                follower.position = entry.id

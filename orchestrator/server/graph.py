@@ -1,0 +1,139 @@
+"""The agent the service runs: built from settings, rebuilt when the fleet's tools change.
+
+Tools are bound from the registry the workers publish. A worker that starts after the
+service (or one that serves new tools) must not need a restart of the orchestrator, so
+before each run the provider compares the served tools with those the current graph was
+built with, and rebuilds it (``create_agent`` is cheap) when they differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langgraph.checkpoint.base import BaseCheckpointSaver
+
+from orchestrator.agent import build_agent, chat_model
+from orchestrator.discovery import RemoteTool
+from orchestrator.dispatch import CeleryDispatcher
+from tool_workers.errors import ConfigError
+from tool_workers.protocol import ToolSpec
+from tool_workers.settings import Settings
+
+GRAPH_ID = "agent"
+"""Graph id of the one agent this service runs (also accepted as its assistant id)."""
+
+ASSISTANT_ID = str(uuid.uuid5(uuid.NAMESPACE_URL, f"toolfleet:assistant:{GRAPH_ID}"))
+"""Stable assistant id of that agent: the same on every replica."""
+
+SCRIPTED = "toolfleet:scripted"
+"""Model spec of the deterministic demo model (also used when no model is set)."""
+
+_STARTED = datetime.now(UTC).isoformat()
+
+
+def resolve_model(spec: str | None) -> BaseChatModel:
+    """The chat model a ``TOOLFLEET_MODEL`` value names.
+
+    * unset or ``toolfleet:scripted``: the scripted demo model;
+    * ``package.module:attribute`` (a dotted module path): that attribute, a chat model or
+      a function returning one (how tests and custom deployments plug a model in);
+    * anything else, ``provider:name``: ``init_chat_model`` (e.g. ``openai:gpt-4o-mini``).
+
+    Raises:
+        ConfigError: the import path does not lead to a chat model.
+    """
+    if spec is None or spec == SCRIPTED:
+        return chat_model(None)
+    module_name, sep, attribute = spec.partition(":")
+    if not (sep and "." in module_name):
+        return chat_model(spec)  # provider names never contain a dot
+    try:
+        target = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"TOOLFLEET_MODEL={spec!r}: cannot import it ({exc})") from exc
+    model = target() if callable(target) and not isinstance(target, BaseChatModel) else target
+    if not isinstance(model, BaseChatModel):
+        raise ConfigError(f"TOOLFLEET_MODEL={spec!r} is not a chat model: {type(model)!r}")
+    return model
+
+
+def assistant(settings: Settings) -> dict[str, Any]:
+    """The protocol's ``Assistant`` for the agent."""
+    return {
+        "assistant_id": ASSISTANT_ID,
+        "graph_id": GRAPH_ID,
+        "config": {},
+        "context": {},
+        "metadata": {"created_by": "system", "model": settings.model or SCRIPTED},
+        "name": GRAPH_ID,
+        "description": "create_agent whose tool calls run on the toolfleet workers",
+        "version": 1,
+        "created_at": _STARTED,
+        "updated_at": _STARTED,
+    }
+
+
+def is_assistant(assistant_id: str) -> bool:
+    """Whether ``assistant_id`` names the agent (by id or by graph id)."""
+    return assistant_id in (ASSISTANT_ID, GRAPH_ID)
+
+
+class AgentProvider:
+    """The compiled agent, rebuilt when the served tools change.
+
+    Args:
+        settings: Settings the agent is built from.
+        model: Its chat model.
+        checkpointer: The shared LangGraph checkpointer.
+        dispatcher: The process's dispatcher (whose registry view lists the served tools).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        model: BaseChatModel,
+        checkpointer: BaseCheckpointSaver[Any],
+        dispatcher: CeleryDispatcher,
+    ) -> None:
+        self._settings = settings
+        self._model = model
+        self._checkpointer = checkpointer
+        self._dispatcher = dispatcher
+        self._served: Mapping[str, ToolSpec] | None = None
+        self._graph: Any = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> Any:
+        """The agent bound to the tools served now."""
+        # The registry read is a blocking Redis SCAN at most once a second: not on the loop.
+        served = await asyncio.to_thread(self._dispatcher.served_tools)
+        if self._graph is not None and served == self._served:
+            return self._graph
+        async with self._lock:
+            if self._graph is None or served != self._served:
+                self._graph = await asyncio.to_thread(self._build, served)
+                self._served = served
+        return self._graph
+
+    def current(self) -> Any:
+        """The agent as last built (for reading state: the tools do not matter there)."""
+        if self._graph is None:
+            self._graph = self._build({})
+            self._served = {}
+        return self._graph
+
+    def _build(self, served: Mapping[str, ToolSpec]) -> Any:
+        tools = [RemoteTool.from_spec(served[name], self._dispatcher) for name in sorted(served)]
+        return build_agent(
+            self._settings,
+            model=self._model,
+            tools=tools,
+            dispatcher=self._dispatcher,
+            checkpointer=self._checkpointer,
+        )

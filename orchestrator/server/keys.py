@@ -1,0 +1,88 @@
+"""Names of the Redis keys and channels the HTTP service keeps its shared state under.
+
+Every replica of the service talks to the same Redis (it is the broker already), so run
+and thread metadata, the per-run event logs and the cancel channel live there, under
+``<namespace>:toolfleet:server:``::
+
+    server:thread:<id>            hash   thread record (status, metadata, times)
+    server:threads                zset   thread ids by creation time (search)
+    server:thread-runs:<id>       zset   the thread's run ids by creation time
+    server:thread-lock:<id>       string id of the run that holds the thread (TTL, renewed)
+    server:thread-queue:<id>      list   runs waiting for the thread (multitask "enqueue")
+    server:run:<id>               hash   run record (status, owner replica, kwargs, error)
+    server:run-alive:<id>         string set while a queued run's replica waits for it (TTL)
+    server:run-events:<id>        stream the run's stream parts, then an end marker
+    server:replica:<id>           string set while a replica lives (TTL, renewed)
+    server:replica-wake:<id>      stream wakes the replica's event reader
+    server:control                pub/sub cancel requests between replicas
+
+The id always comes last, after a prefix no other key has: thread ids are the client's
+(``user:42`` is fine), and no id can name another key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key names under one deployment's prefix (``Settings.key_prefix``)."""
+
+    prefix: str
+
+    @property
+    def base(self) -> str:
+        """Prefix of every key of the HTTP service."""
+        return f"{self.prefix}server:"
+
+    def thread(self, thread_id: str) -> str:
+        """Hash holding a thread's record."""
+        return f"{self.base}thread:{thread_id}"
+
+    @property
+    def threads(self) -> str:
+        """Sorted set of thread ids by creation time."""
+        return f"{self.base}threads"
+
+    def thread_runs(self, thread_id: str) -> str:
+        """Sorted set of a thread's run ids by creation time."""
+        return f"{self.base}thread-runs:{thread_id}"
+
+    def thread_lock(self, thread_id: str) -> str:
+        """Id of the run holding the thread."""
+        return f"{self.base}thread-lock:{thread_id}"
+
+    def thread_queue(self, thread_id: str) -> str:
+        """Runs waiting for the thread, first in line first."""
+        return f"{self.base}thread-queue:{thread_id}"
+
+    def run(self, run_id: str) -> str:
+        """Hash holding a run's record."""
+        return f"{self.base}run:{run_id}"
+
+    @property
+    def run_alive_prefix(self) -> str:
+        """``run_alive(id)`` is this plus the id."""
+        return f"{self.base}run-alive:"
+
+    def run_alive(self, run_id: str) -> str:
+        """Present while the replica that queued a run still waits to start it."""
+        return f"{self.run_alive_prefix}{run_id}"
+
+    def events(self, run_id: str) -> str:
+        """Stream of the run's stream parts."""
+        return f"{self.base}run-events:{run_id}"
+
+    def replica(self, replica_id: str) -> str:
+        """Present while the replica lives."""
+        return f"{self.base}replica:{replica_id}"
+
+    def wake(self, replica_id: str) -> str:
+        """Stream the replica's event reader also blocks on, to be woken."""
+        return f"{self.base}replica-wake:{replica_id}"
+
+    @property
+    def control(self) -> str:
+        """Pub/sub channel of cancel requests."""
+        return f"{self.base}control"

@@ -1,0 +1,1 @@
+"""The service's routes, one module per resource of the Agent Protocol."""

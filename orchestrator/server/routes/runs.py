@@ -1,0 +1,198 @@
+"""Runs: start (background, streamed, waited for), read, list, join, stream, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from orchestrator.server.errors import Conflict, NotFound, Unsupported
+from orchestrator.server.eventlog import parse_id
+from orchestrator.server.routes.threads import existing_thread
+from orchestrator.server.runconfig import thread_config
+from orchestrator.server.schemas import Run, RunCreate
+from orchestrator.server.services import Services, Svc, json_response
+from orchestrator.server.store import RunRecord
+from orchestrator.server.streaming import event_filter, run_locations, sse_response
+
+router = APIRouter(tags=["runs"])
+
+_SSE: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"}
+}
+
+
+# -- starting runs ----------------------------------------------------------------------
+
+
+@router.post("/threads/{thread_id}/runs", response_model=Run)
+async def create_run(svc: Svc, thread_id: str, body: RunCreate) -> Any:
+    """Start a background run on the thread."""
+    run = await svc.runs.start_run(thread_id, body)
+    return json_response(run.to_api(), headers=run_locations(run))
+
+
+@router.post("/runs", response_model=Run)
+async def create_stateless_run(svc: Svc, body: RunCreate) -> Any:
+    """Start a background run on a new thread of its own."""
+    run = await svc.runs.start_run(None, body)
+    return json_response(run.to_api(), headers=run_locations(run))
+
+
+@router.post("/threads/{thread_id}/runs/stream", responses=_SSE, response_class=StreamingResponse)
+async def stream_run(svc: Svc, thread_id: str, body: RunCreate) -> StreamingResponse:
+    """Start a run on the thread and stream it (it goes on if the client leaves, unless
+    ``on_disconnect`` is ``cancel``)."""
+    return await _start_streaming(svc, thread_id, body)
+
+
+@router.post("/runs/stream", responses=_SSE, response_class=StreamingResponse)
+async def stream_stateless_run(svc: Svc, body: RunCreate) -> StreamingResponse:
+    """Start a run on a new thread of its own and stream it."""
+    return await _start_streaming(svc, None, body)
+
+
+@router.post("/threads/{thread_id}/runs/wait")
+async def wait_run(svc: Svc, thread_id: str, body: RunCreate, request: Request) -> Any:
+    """Start a run on the thread and answer with the thread's values once it is done."""
+    return await _start_waiting(svc, thread_id, body, request)
+
+
+@router.post("/runs/wait")
+async def wait_stateless_run(svc: Svc, body: RunCreate, request: Request) -> Any:
+    """Start a run on a new thread of its own and answer with its final values."""
+    return await _start_waiting(svc, None, body, request)
+
+
+# -- existing runs ------------------------------------------------------------------------
+
+
+@router.get("/threads/{thread_id}/runs", response_model=list[Run])
+async def list_runs(
+    svc: Svc,
+    thread_id: str,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 10,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    status: str | None = None,
+) -> Any:
+    """The thread's runs, newest first."""
+    await existing_thread(svc, thread_id)
+    runs = await svc.store.runs(thread_id, limit=limit, offset=offset, status=status)
+    return json_response([r.to_api() for r in runs])
+
+
+@router.get("/threads/{thread_id}/runs/{run_id}", response_model=Run)
+async def get_run(svc: Svc, thread_id: str, run_id: str) -> Any:
+    """The run."""
+    return json_response((await svc.runs.get_run(thread_id, run_id)).to_api())
+
+
+@router.delete("/threads/{thread_id}/runs/{run_id}", status_code=204)
+async def delete_run(svc: Svc, thread_id: str, run_id: str) -> Response:
+    """Forget a finished run (409 while it runs: cancel it first)."""
+    run = await svc.runs.get_run(thread_id, run_id)
+    if not run.done:
+        raise Conflict(f"run {run_id} is {run.status}; cancel it first")
+    await svc.store.delete_run(run)
+    return Response(status_code=204)
+
+
+@router.get("/threads/{thread_id}/runs/{run_id}/join")
+async def join_run(svc: Svc, thread_id: str, run_id: str) -> Any:
+    """Wait until the run is done; answer with the thread's values."""
+    run = await svc.runs.wait_done(await svc.runs.get_run(thread_id, run_id))
+    return json_response(await _final_values(svc, run))
+
+
+@router.get(
+    "/threads/{thread_id}/runs/{run_id}/stream", responses=_SSE, response_class=StreamingResponse
+)
+async def join_stream(
+    svc: Svc,
+    thread_id: str,
+    run_id: str,
+    stream_mode: Annotated[list[str] | None, Query()] = None,
+    cancel_on_disconnect: bool = False,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> StreamingResponse:
+    """Stream the run from its start (or after ``Last-Event-ID``), whichever replica runs it."""
+    run = await svc.runs.get_run(thread_id, run_id)
+    after = last_event_id or "0-0"
+    try:
+        parse_id(after)
+    except ValueError:
+        raise Unsupported(f"Last-Event-ID {after!r} is not an event id of this server") from None
+    return sse_response(
+        svc.runs,
+        run,
+        events=event_filter(stream_mode),
+        after=after,
+        cancel_on_disconnect=cancel_on_disconnect,
+    )
+
+
+@router.post("/threads/{thread_id}/runs/{run_id}/cancel", response_model=Run)
+async def cancel_run(
+    svc: Svc,
+    thread_id: str,
+    run_id: str,
+    wait: bool = False,
+    action: Literal["interrupt"] = "interrupt",
+) -> Any:
+    """Cancel the run: its model call stops and its in-flight tool tasks are revoked.
+
+    With ``wait``, answers once the run has stopped. A finished run answers 409.
+    """
+    run = await svc.runs.get_run(thread_id, run_id)
+    await svc.runs.cancel(run)
+    if wait:
+        return json_response((await svc.runs.wait_done(run)).to_api())
+    return json_response(run.to_api(), status_code=202)
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+async def _start_streaming(
+    svc: Services, thread_id: str | None, body: RunCreate
+) -> StreamingResponse:
+    run = await svc.runs.start_run(thread_id, body)
+    return sse_response(
+        svc.runs,
+        run,
+        events=event_filter(body.stream_mode),
+        cancel_on_disconnect=body.on_disconnect == "cancel",
+    )
+
+
+async def _start_waiting(
+    svc: Services, thread_id: str | None, body: RunCreate, request: Request
+) -> Response:
+    run = await svc.runs.start_run(thread_id, body)
+    waiter = asyncio.create_task(svc.runs.wait_done(run))
+    try:
+        while not waiter.done():
+            await asyncio.wait({waiter}, timeout=1.0)
+            if body.on_disconnect == "cancel" and await request.is_disconnected():
+                svc.runs.cancel_soon(run)
+                break
+        run = await waiter
+    finally:
+        waiter.cancel()
+    return json_response(await _final_values(svc, run), headers=run_locations(run))
+
+
+async def _final_values(svc: Services, run: RunRecord) -> Any:
+    """What ``wait`` and ``join`` answer: the thread's values, or the run's error."""
+    if run.status == "error":
+        return {"__error__": run.error or {"error": "Error", "message": "run failed"}}
+    if await svc.store.thread(run.thread_id) is not None:
+        snapshot = await svc.agents.current().aget_state(thread_config(run.thread_id))
+        return snapshot.values
+    # A run without a thread of its own: its thread is gone, its last values are logged.
+    last = await svc.runs.events.last_of(run.run_id, "values")
+    if last is None:
+        raise NotFound(f"run {run.run_id} recorded no values and its thread is gone")
+    return last

@@ -1,0 +1,154 @@
+"""Threads: create, read, search, delete; their state and history from the checkpointer."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+
+from orchestrator.server.encoding import thread_state
+from orchestrator.server.errors import Conflict, NotFound
+from orchestrator.server.runconfig import thread_config
+from orchestrator.server.schemas import (
+    CheckpointRef,
+    HistoryRequest,
+    StateAtCheckpoint,
+    Thread,
+    ThreadCreate,
+    ThreadSearch,
+    ThreadState,
+)
+from orchestrator.server.services import Services, Svc, json_response
+from orchestrator.server.store import ThreadRecord
+
+router = APIRouter(prefix="/threads", tags=["threads"])
+
+
+async def existing_thread(svc: Services, thread_id: str) -> ThreadRecord:
+    """The thread's record.
+
+    Raises:
+        NotFound: no such thread.
+    """
+    record = await svc.store.thread(thread_id)
+    if record is None:
+        raise NotFound(f"thread {thread_id} not found")
+    return record
+
+
+@router.post("", response_model=Thread)
+async def create_thread(svc: Svc, body: ThreadCreate) -> Response:
+    """Create a thread (``if_exists``: ``raise`` answers 409, ``do_nothing`` returns it)."""
+    thread_id = body.thread_id or str(uuid.uuid4())
+    record, created = await svc.store.create_thread(thread_id, body.metadata)
+    if not created and body.if_exists == "raise":
+        raise Conflict(f"thread {thread_id} already exists")
+    return json_response(record.to_api(values=await _values(svc, record) if not created else {}))
+
+
+@router.post("/search", response_model=list[Thread])
+async def search_threads(svc: Svc, body: ThreadSearch) -> Response:
+    """Threads, newest first, matching the metadata, status and ids given."""
+    records = await svc.store.search_threads(
+        limit=body.limit,
+        offset=body.offset,
+        metadata=body.metadata,
+        status=body.status,
+        ids=body.ids,
+    )
+    return json_response([r.to_api(values=await _values(svc, r)) for r in records])
+
+
+@router.get("/{thread_id}", response_model=Thread)
+async def get_thread(svc: Svc, thread_id: str) -> Response:
+    """The thread, with the values of its latest checkpoint."""
+    record = await existing_thread(svc, thread_id)
+    return json_response(record.to_api(values=await _values(svc, record)))
+
+
+@router.delete("/{thread_id}", status_code=204)
+async def delete_thread(svc: Svc, thread_id: str) -> Response:
+    """Cancel the thread's runs, delete its checkpoints and its records."""
+    await existing_thread(svc, thread_id)
+    for run in await svc.store.runs(thread_id, limit=10_000, offset=0):
+        if not run.done:
+            await svc.runs.cancel(run)
+    await svc.checkpointer.adelete_thread(thread_id)
+    await svc.store.delete_thread(thread_id)
+    return Response(status_code=204)
+
+
+@router.get("/{thread_id}/state", response_model=ThreadState)
+async def get_state(svc: Svc, thread_id: str, subgraphs: bool = False) -> Response:
+    """The thread's latest checkpoint."""
+    return await _state(svc, thread_id, None, subgraphs)
+
+
+@router.get("/{thread_id}/state/{checkpoint_id}", response_model=ThreadState)
+async def get_state_at(
+    svc: Svc, thread_id: str, checkpoint_id: str, subgraphs: bool = False
+) -> Response:
+    """One checkpoint of the thread."""
+    return await _state(svc, thread_id, checkpoint_id, subgraphs)
+
+
+@router.post("/{thread_id}/state/checkpoint", response_model=ThreadState)
+async def post_state_at(svc: Svc, thread_id: str, body: StateAtCheckpoint) -> Response:
+    """One checkpoint of the thread (the checkpoint in the body)."""
+    return await _state(svc, thread_id, body.checkpoint.checkpoint_id, body.subgraphs)
+
+
+@router.post("/{thread_id}/history", response_model=list[ThreadState])
+async def post_history(svc: Svc, thread_id: str, body: HistoryRequest) -> Response:
+    """The thread's checkpoints, newest first."""
+    before = body.before.checkpoint_id if isinstance(body.before, CheckpointRef) else body.before
+    start = body.checkpoint.checkpoint_id if body.checkpoint else None
+    return await _history(svc, thread_id, body.limit, before, start, body.metadata)
+
+
+@router.get("/{thread_id}/history", response_model=list[ThreadState])
+async def get_history(
+    svc: Svc,
+    thread_id: str,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 10,
+    before: str | None = None,
+) -> Response:
+    """The thread's checkpoints, newest first (the query-string form)."""
+    return await _history(svc, thread_id, limit, before, None, None)
+
+
+async def _values(svc: Services, record: ThreadRecord) -> Any:
+    snapshot = await svc.agents.current().aget_state(thread_config(record.thread_id))
+    return snapshot.values
+
+
+async def _state(
+    svc: Services, thread_id: str, checkpoint_id: str | None, subgraphs: bool
+) -> Response:
+    await existing_thread(svc, thread_id)
+    graph = svc.agents.current()
+    snapshot = await graph.aget_state(thread_config(thread_id, checkpoint_id), subgraphs=subgraphs)
+    return json_response(thread_state(snapshot))
+
+
+async def _history(
+    svc: Services,
+    thread_id: str,
+    limit: int,
+    before: str | None,
+    start: str | None,
+    metadata: dict[str, Any] | None,
+) -> Response:
+    await existing_thread(svc, thread_id)
+    graph = svc.agents.current()
+    states = [
+        thread_state(snapshot)
+        async for snapshot in graph.aget_state_history(
+            thread_config(thread_id, start),
+            filter=metadata,
+            before=thread_config(thread_id, before) if before else None,
+            limit=limit,
+        )
+    ]
+    return json_response(states)

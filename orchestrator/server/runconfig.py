@@ -1,0 +1,43 @@
+"""The LangGraph configs of a run and of reading a thread."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from orchestrator.server.graph import ASSISTANT_ID, GRAPH_ID
+from orchestrator.server.schemas import RunConfig, RunCreate
+from orchestrator.server.store import RunRecord
+
+
+def thread_config(thread_id: str, checkpoint_id: str | None = None) -> dict[str, Any]:
+    """The LangGraph config that reads a thread (at a checkpoint, or its latest)."""
+    configurable: dict[str, Any] = {"thread_id": thread_id}
+    if checkpoint_id:
+        configurable["checkpoint_id"] = checkpoint_id
+    return {"configurable": configurable}
+
+
+def run_config(run: RunRecord, body: RunCreate) -> dict[str, Any]:
+    """The LangGraph config of a run: the client's, plus the thread and run identity."""
+    given = body.config or RunConfig()
+    identity = {
+        "thread_id": run.thread_id,
+        "run_id": run.run_id,
+        "assistant_id": ASSISTANT_ID,
+        "graph_id": GRAPH_ID,
+    }
+    configurable: dict[str, Any] = {**given.configurable, **identity}
+    if body.checkpoint is not None:
+        configurable.update(body.checkpoint.model_dump(exclude_none=True, exclude={"thread_id"}))
+    if body.checkpoint_id:
+        configurable["checkpoint_id"] = body.checkpoint_id
+    config: dict[str, Any] = {
+        "configurable": configurable,
+        "metadata": {**run.metadata, **identity},
+        "tags": list(given.tags),
+        "run_id": uuid.UUID(run.run_id),
+    }
+    if given.recursion_limit is not None:
+        config["recursion_limit"] = given.recursion_limit
+    return config

@@ -1,0 +1,394 @@
+"""Runs: admitted to their thread, executed as asyncio tasks, cancelled from any replica.
+
+The replica that receives a run executes it: ``graph.astream`` in an asyncio task of its
+own (never the request's, so a client that disconnects does not stop it), each stream
+part appended to the run's event log. There is no thread per run; a replica executes at
+most ``TOOLFLEET_MAX_RUNS`` runs and refuses more with 429, so a load balancer can send
+the request to another replica.
+
+Cancelling a run cancels its task: the model call in progress is abandoned, and the
+toolfleet middleware revokes the run's in-flight tool tasks as the cancellation reaches
+them. A cancel request that arrives at another replica is published on the control
+channel; the owner also finds it in the run record when it renews its hold on the thread
+(every few seconds), in case the message was missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
+
+import redis.asyncio as aioredis
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.types import Command
+from redis.exceptions import RedisError
+
+from orchestrator.server.control import RENEW_INTERVAL, ReplicaControl
+from orchestrator.server.encoding import dumps
+from orchestrator.server.errors import AtCapacity, Conflict, NotFound, Unsupported
+from orchestrator.server.eventlog import END, EventLog, EventRelay
+from orchestrator.server.graph import ASSISTANT_ID, GRAPH_ID, AgentProvider, is_assistant
+from orchestrator.server.keys import Keys
+from orchestrator.server.runconfig import run_config, thread_config
+from orchestrator.server.schemas import RunCreate
+from orchestrator.server.store import RunRecord, Store, now_iso
+
+log = logging.getLogger("toolfleet.server")
+
+ADMIT_POLL = 0.1
+"""Seconds between attempts of a queued run to take its thread."""
+
+
+def recorded_modes(requested: list[str]) -> list[str]:
+    """Stream modes a run records: those asked for, plus ``custom`` (tool-call events)."""
+    modes = list(dict.fromkeys(requested))
+    if "custom" not in modes:
+        modes.append("custom")
+    return modes
+
+
+class RunManager:
+    """Starts, tracks and cancels the runs of this replica.
+
+    Args:
+        client: ``redis.asyncio`` client (string responses) for control and liveness.
+        keys: Key names of the deployment.
+        store: Thread and run records.
+        events: The run event log.
+        relay: Reads event logs for followers on this replica.
+        agents: The agent to run.
+        checkpointer: The LangGraph checkpointer (temporary threads are deleted from it).
+        max_runs: Runs this replica executes at once.
+        replica_id: This replica's id.
+    """
+
+    def __init__(
+        self,
+        *,
+        client: aioredis.Redis,
+        keys: Keys,
+        store: Store,
+        events: EventLog,
+        relay: EventRelay,
+        agents: AgentProvider,
+        checkpointer: BaseCheckpointSaver[Any],
+        max_runs: int,
+        replica_id: str,
+    ) -> None:
+        self.store = store
+        self.events = events
+        self.relay = relay
+        self.agents = agents
+        self._checkpointer = checkpointer
+        self.max_runs = max_runs
+        self.replica_id = replica_id
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._reserved = 0
+        self.control = ReplicaControl(client, keys, replica_id, self._cancel_local)
+        self._started: set[str] = set()
+        self._background: set[asyncio.Task[None]] = set()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Announce the replica and start listening for cancel requests."""
+        await self.control.start()
+
+    async def close(self) -> None:
+        """Cancel this replica's runs (their tool tasks are revoked) and stop."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.control.close()
+
+    @property
+    def active(self) -> int:
+        """Runs this replica is executing or about to."""
+        return len(self._tasks) + self._reserved
+
+    # -- starting runs -------------------------------------------------------------------
+
+    async def start_run(self, thread_id: str | None, body: RunCreate) -> RunRecord:
+        """Create a run on the thread (a new temporary one for ``None``) and start it.
+
+        Raises:
+            NotFound: unknown assistant, or unknown thread and ``if_not_exists="reject"``.
+            Conflict: the thread is busy and the multitask strategy is ``reject``.
+            Unsupported: both ``input`` and ``command`` given.
+            AtCapacity: this replica already executes its maximum of runs.
+        """
+        if not is_assistant(body.assistant_id):
+            raise NotFound(
+                f"assistant {body.assistant_id!r} not found (this server runs "
+                f"{GRAPH_ID!r}, id {ASSISTANT_ID})"
+            )
+        if body.input is not None and body.command is not None:
+            raise Unsupported("give either input or command, not both")
+        if self.active >= self.max_runs:
+            raise AtCapacity(f"this replica runs {self.max_runs} runs already; retry later")
+        self._reserved += 1
+        try:
+            return await self._create(thread_id, body)
+        finally:
+            self._reserved -= 1
+
+    async def _create(self, thread_id: str | None, body: RunCreate) -> RunRecord:
+        temporary = thread_id is None
+        thread_id = thread_id or str(uuid.uuid4())
+        thread = await self.store.thread(thread_id)
+        if thread is None:
+            if not temporary and body.if_not_exists != "create":
+                raise NotFound(f"thread {thread_id} not found")
+            thread, _ = await self.store.create_thread(thread_id, {})
+        # As LangGraph's server does: chat UIs list an assistant's threads by these.
+        await self.store.tag_thread(thread, {"graph_id": GRAPH_ID, "assistant_id": ASSISTANT_ID})
+        stamp = now_iso()
+        run = RunRecord(
+            run_id=str(uuid.uuid4()),
+            thread_id=thread_id,
+            assistant_id=ASSISTANT_ID,
+            created_at=stamp,
+            updated_at=stamp,
+            status="pending",
+            replica=self.replica_id,
+            metadata=dict(body.metadata),
+            multitask_strategy=body.multitask_strategy,
+            kwargs=body.model_dump(mode="json", exclude_none=True, exclude={"metadata"}),
+        )
+        admitted = False
+        if body.multitask_strategy == "reject":
+            if not await self.store.admit(thread_id, run.run_id):
+                holder = await self.store.holder(thread_id)
+                raise Conflict(
+                    f"thread {thread_id} is busy (run {holder or 'queued'}); pass "
+                    "multitask_strategy 'enqueue' or 'interrupt' to run after it"
+                )
+            admitted = True
+            try:
+                await self.store.put_run(run)
+            except BaseException:
+                await self.store.release(thread_id, run.run_id)
+                raise
+        else:
+            await self.store.put_run(run)
+            first = body.multitask_strategy == "interrupt"
+            await self.store.enqueue(thread_id, run.run_id, first=first)
+            if first and (holder := await self.store.holder(thread_id)):
+                current = await self.store.run(holder)
+                if current is not None and not current.done:
+                    await self.cancel(current)
+        task = asyncio.create_task(
+            self._execute(run, body, admitted=admitted, temporary=temporary),
+            name=f"toolfleet-run-{run.run_id}",
+        )
+        self._tasks[run.run_id] = task
+
+        def never_started(done: asyncio.Task[None]) -> None:
+            # A task cancelled before its first step never enters _execute's try block.
+            if done.cancelled() and run.run_id not in self._started:
+                self._spawn(self._finish(run, body, "interrupted", None, admitted, temporary))
+
+        task.add_done_callback(never_started)
+        return run
+
+    # -- executing runs ------------------------------------------------------------------
+
+    async def _execute(
+        self, run: RunRecord, body: RunCreate, *, admitted: bool, temporary: bool
+    ) -> None:
+        status, error, held = "error", None, admitted
+        renewer: asyncio.Task[None] | None = None
+        try:
+            self._started.add(run.run_id)
+            if held:
+                renewer = asyncio.create_task(self._renew_hold(run))
+            if body.after_seconds:
+                await asyncio.sleep(body.after_seconds)
+            if not held:
+                await self._wait_for_thread(run)
+                held = True
+                renewer = asyncio.create_task(self._renew_hold(run))
+            if await self.store.cancel_requested(run.run_id):
+                raise asyncio.CancelledError
+            await self.store.set_run_status(run.run_id, "running")
+            await self.store.set_thread_status(run.thread_id, "busy")
+            graph = await self.agents.get()
+            async for event, chunk in self._stream(graph, run, body):
+                await self.events.append(run.run_id, event, dumps(chunk))
+            status = "success"
+        except asyncio.CancelledError:
+            status = "interrupted"
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+        except Exception as exc:
+            log.exception("run %s failed", run.run_id)
+            error = {"error": type(exc).__name__, "message": str(exc)}
+        finally:
+            if renewer is not None:
+                renewer.cancel()
+            # Shielded: a second cancellation (shutdown) must not leave the thread held.
+            await asyncio.shield(self._finish(run, body, status, error, held, temporary))
+
+    async def _finish(
+        self,
+        run: RunRecord,
+        body: RunCreate,
+        status: str,
+        error: dict[str, Any] | None,
+        held: bool,
+        temporary: bool,
+    ) -> None:
+        try:
+            if error is not None:
+                await self.events.append(run.run_id, "error", dumps(error))
+            await self.store.set_run_status(run.run_id, status, error)
+            if held:
+                await self.store.set_thread_status(
+                    run.thread_id, await self._thread_status(run, status)
+                )
+                await self.store.release(run.thread_id, run.run_id)
+            else:
+                await self.store.leave_queue(run.thread_id, run.run_id)
+            if temporary and body.on_completion != "keep":
+                await self.store.delete_thread(run.thread_id, keep_runs=True)
+                await self._checkpointer.adelete_thread(run.thread_id)
+            await self.events.end(run.run_id, status)  # last: waiters then see it all done
+        except Exception:
+            log.exception("could not record the end of run %s", run.run_id)
+        finally:
+            self._tasks.pop(run.run_id, None)
+            self._started.discard(run.run_id)
+        log.info("run %s on thread %s ended: %s", run.run_id, run.thread_id, status)
+
+    async def _thread_status(self, run: RunRecord, status: str) -> str:
+        if status == "error":
+            return "error"
+        if status != "success":
+            return "idle"
+        snapshot = await self.agents.current().aget_state(thread_config(run.thread_id))
+        return "interrupted" if snapshot.next else "idle"
+
+    async def _wait_for_thread(self, run: RunRecord) -> None:
+        renewed = time.monotonic()
+        while not await self.store.admit(run.thread_id, run.run_id):
+            if await self.store.cancel_requested(run.run_id):
+                raise asyncio.CancelledError
+            if time.monotonic() - renewed > RENEW_INTERVAL:
+                await self.store.still_waiting(run.run_id)
+                renewed = time.monotonic()
+            await asyncio.sleep(ADMIT_POLL)
+
+    async def _renew_hold(self, run: RunRecord) -> None:
+        while True:
+            await asyncio.sleep(RENEW_INTERVAL)
+            try:
+                if not await self.store.renew(run.thread_id, run.run_id):
+                    log.warning("run %s lost its hold on thread %s", run.run_id, run.thread_id)
+                if await self.store.cancel_requested(run.run_id):
+                    self._cancel_local(run.run_id)
+            except (RedisError, OSError) as exc:
+                log.warning("could not renew run %s (%r)", run.run_id, exc)
+
+    async def _stream(
+        self, graph: Any, run: RunRecord, body: RunCreate
+    ) -> AsyncIterator[tuple[str, Any]]:
+        modes = [
+            "messages" if m == "messages-tuple" else m
+            for m in recorded_modes(list(body.stream_mode))
+        ]
+        options: dict[str, Any] = {"stream_mode": modes, "subgraphs": body.stream_subgraphs}
+        for name in ("interrupt_before", "interrupt_after", "durability", "context"):
+            if (value := getattr(body, name)) is not None:
+                options[name] = value
+        payload: Any = body.input
+        if body.command is not None:
+            payload = Command(**body.command.model_dump(exclude_none=True))
+        async for item in graph.astream(payload, run_config(run, body), **options):
+            namespace: tuple[str, ...] = ()
+            if body.stream_subgraphs:
+                namespace, mode, chunk = item
+            else:
+                mode, chunk = item
+            yield "|".join([mode, *namespace]), chunk
+
+    # -- cancelling, joining -------------------------------------------------------------
+
+    async def cancel(self, run: RunRecord) -> None:
+        """Cancel the run wherever it executes.
+
+        Raises:
+            Conflict: the run has already finished.
+        """
+        if run.done:
+            raise Conflict(f"run {run.run_id} already finished: {run.status}")
+        await self.store.request_cancel(run.run_id)
+        if not self._cancel_local(run.run_id):
+            await self.control.request_cancel(run.run_id)
+
+    def cancel_soon(self, run: RunRecord) -> None:
+        """Cancel the run from a task of its own: for a request being torn down (a
+        client that disconnected), whose own awaits would be cancelled with it."""
+        self._spawn(self._cancel_quietly(run))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _cancel_quietly(self, run: RunRecord) -> None:
+        with contextlib.suppress(Conflict):
+            await self.cancel(await self.get_run(run.thread_id, run.run_id))
+
+    def _cancel_local(self, run_id: str) -> bool:
+        task = self._tasks.get(run_id)
+        if task is None:
+            return False
+        task.cancel()
+        return True
+
+    async def get_run(self, thread_id: str, run_id: str) -> RunRecord:
+        """The run of the thread; one whose replica died is marked failed here.
+
+        Raises:
+            NotFound: no such run on the thread.
+        """
+        run = await self.store.run(run_id)
+        if run is None or run.thread_id != thread_id:
+            raise NotFound(f"run {run_id} not found on thread {thread_id}")
+        if run.done or run.run_id in self._tasks:
+            return run
+        if await self.control.alive(run.replica):
+            return run
+        run.error = {
+            "error": "ReplicaLost",
+            "message": f"orchestrator replica {run.replica} stopped while it ran this run",
+        }
+        run.status = "error"
+        await self.store.set_run_status(run.run_id, "error", run.error)
+        await self.store.release(run.thread_id, run.run_id)
+        await self.events.end(run.run_id, "error")
+        return run
+
+    async def wait_done(self, run: RunRecord, poll: float = 5.0) -> RunRecord:
+        """Wait until the run has finished; returns its final record."""
+        if run.done:
+            return run
+        last = await self.events.last(run.run_id)
+        if last is not None and last.event == END:
+            return await self.get_run(run.thread_id, run.run_id)
+        async with self.relay.follow(run.run_id, last.id if last else "0-0") as follower:
+            while True:
+                entry = await follower.next(timeout=poll)
+                if entry is not None and entry.event == END:
+                    break
+                if entry is None and (await self.get_run(run.thread_id, run.run_id)).done:
+                    break
+        return await self.get_run(run.thread_id, run.run_id)

@@ -1,0 +1,193 @@
+"""Request bodies and response shapes of the Agent Protocol subset toolfleet serves.
+
+Field names and defaults follow what ``langgraph-sdk`` sends and reads. Unknown request
+fields are ignored (newer clients send more than this server uses); a field of the wrong
+type or value is a 422 that names it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+StreamMode = Literal[
+    "values", "updates", "messages-tuple", "custom", "debug", "tasks", "checkpoints"
+]
+"""Stream modes this server produces (``messages-tuple`` is LangGraph's ``messages``)."""
+
+STREAM_MODES: tuple[str, ...] = StreamMode.__args__  # type: ignore[attr-defined]
+DEFAULT_MODES: tuple[StreamMode, ...] = ("values",)
+
+RunStatus = Literal["pending", "running", "error", "success", "timeout", "interrupted"]
+ThreadStatus = Literal["idle", "busy", "interrupted", "error"]
+TERMINAL_STATUSES = frozenset({"error", "success", "timeout", "interrupted"})
+"""Run statuses after which nothing changes."""
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class RunConfig(_Body):
+    """The ``config`` of a run: LangGraph's ``RunnableConfig``, primitives only."""
+
+    tags: list[str] = Field(default_factory=list)
+    recursion_limit: int | None = Field(default=None, gt=0)
+    configurable: dict[str, Any] = Field(default_factory=dict)
+
+
+class CheckpointRef(_Body):
+    """A checkpoint of a thread."""
+
+    thread_id: str | None = None
+    checkpoint_ns: str = ""
+    checkpoint_id: str | None = None
+    checkpoint_map: dict[str, Any] | None = None
+
+
+class RunCommand(_Body):
+    """Resume or steer an interrupted thread (LangGraph's ``Command``)."""
+
+    update: dict[str, Any] | list[Any] | None = None
+    resume: Any = None
+    goto: Any = None
+
+
+class RunCreate(_Body):
+    """Body of ``POST /threads/{thread_id}/runs`` (and ``/stream``, ``/wait``, ``/runs``)."""
+
+    assistant_id: str
+    """The assistant id, or its graph id (``"agent"``)."""
+    input: dict[str, Any] | None = None
+    command: RunCommand | None = None
+    config: RunConfig | None = None
+    context: dict[str, Any] | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    stream_mode: list[StreamMode] = Field(default_factory=lambda: list(DEFAULT_MODES))
+    """Stream modes recorded for the run (``custom`` is always recorded too)."""
+    stream_subgraphs: bool = False
+    stream_resumable: bool = False
+    checkpoint: CheckpointRef | None = None
+    checkpoint_id: str | None = None
+    interrupt_before: Literal["*"] | list[str] | None = None
+    interrupt_after: Literal["*"] | list[str] | None = None
+    multitask_strategy: Literal["reject", "interrupt", "enqueue"] = "reject"
+    """What to do when the thread already has a run: refuse (409), cancel it, or queue."""
+    if_not_exists: Literal["reject", "create"] = "reject"
+    on_disconnect: Literal["cancel", "continue"] = "continue"
+    """For ``/stream`` and ``/wait``: whether a client leaving cancels the run."""
+    on_completion: Literal["delete", "keep"] | None = None
+    """For runs without a thread: delete (default) or keep the thread made for them."""
+    after_seconds: float | None = Field(default=None, ge=0)
+    durability: Literal["sync", "async", "exit"] | None = None
+
+    @field_validator("stream_mode", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+class ThreadCreate(_Body):
+    """Body of ``POST /threads``."""
+
+    thread_id: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    if_exists: Literal["raise", "do_nothing"] = "raise"
+
+
+class ThreadSearch(_Body):
+    """Body of ``POST /threads/search``."""
+
+    metadata: dict[str, Any] | None = None
+    ids: list[str] | None = None
+    status: ThreadStatus | None = None
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0)
+
+
+class HistoryRequest(_Body):
+    """Body of ``POST /threads/{thread_id}/history``."""
+
+    limit: int = Field(default=10, ge=1, le=1000)
+    before: str | CheckpointRef | None = None
+    metadata: dict[str, Any] | None = None
+    checkpoint: CheckpointRef | None = None
+
+
+class StateAtCheckpoint(_Body):
+    """Body of ``POST /threads/{thread_id}/state/checkpoint``."""
+
+    checkpoint: CheckpointRef
+    subgraphs: bool = False
+
+
+class AssistantSearch(_Body):
+    """Body of ``POST /assistants/search``."""
+
+    graph_id: str | None = None
+    name: str | None = None
+    metadata: dict[str, Any] | None = None
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0)
+
+
+# -- responses --------------------------------------------------------------------------
+
+
+class Assistant(BaseModel):
+    """An assistant: one per agent this server runs."""
+
+    assistant_id: str
+    graph_id: str
+    config: dict[str, Any]
+    context: dict[str, Any]
+    metadata: dict[str, Any]
+    name: str
+    description: str | None
+    version: int
+    created_at: str
+    updated_at: str
+
+
+class Thread(BaseModel):
+    """A conversation: its checkpoints live in the LangGraph checkpointer."""
+
+    thread_id: str
+    created_at: str
+    updated_at: str
+    metadata: dict[str, Any]
+    status: ThreadStatus
+    values: Any = None
+    interrupts: dict[str, Any] = Field(default_factory=dict)
+
+
+class Run(BaseModel):
+    """One invocation of the agent on a thread."""
+
+    run_id: str
+    thread_id: str
+    assistant_id: str
+    created_at: str
+    updated_at: str
+    status: RunStatus
+    metadata: dict[str, Any]
+    multitask_strategy: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    replica: str | None = None
+    """The orchestrator replica executing the run (toolfleet extension)."""
+    error: dict[str, Any] | None = None
+    """``{"error": type, "message": text}`` of a failed run (toolfleet extension)."""
+
+
+class ThreadState(BaseModel):
+    """A checkpoint of a thread: its values and what runs next."""
+
+    values: Any
+    next: list[str]
+    checkpoint: dict[str, Any] | None
+    metadata: dict[str, Any] | None
+    created_at: str | None
+    parent_checkpoint: dict[str, Any] | None
+    tasks: list[dict[str, Any]]
+    interrupts: list[Any]

@@ -1,0 +1,48 @@
+"""What the routes of one replica share, and helpers they all use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import redis.asyncio as aioredis
+from fastapi import Depends, Request, Response
+from langgraph.checkpoint.base import BaseCheckpointSaver
+
+from orchestrator.dispatch import CeleryDispatcher
+from orchestrator.server.encoding import dumps
+from orchestrator.server.graph import AgentProvider
+from orchestrator.server.runner import RunManager
+from orchestrator.server.store import Store
+from tool_workers.settings import Settings
+
+
+@dataclass
+class Services:
+    """One replica's parts, built in the app's lifespan."""
+
+    settings: Settings
+    redis: aioredis.Redis
+    """String-response client of the shared Redis."""
+    store: Store
+    runs: RunManager
+    agents: AgentProvider
+    checkpointer: BaseCheckpointSaver[Any]
+    dispatcher: CeleryDispatcher
+
+
+def services(request: Request) -> Services:
+    """FastAPI dependency: the replica's services."""
+    found: Services = request.app.state.services
+    return found
+
+
+def json_response(
+    value: Any, status_code: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    """``value`` as JSON, with messages and interrupts encoded as clients read them."""
+    return Response(dumps(value), status_code, headers, media_type="application/json")
+
+
+Svc = Annotated[Services, Depends(services)]
+"""A route parameter of this type receives the replica's services."""

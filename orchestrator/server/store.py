@@ -1,0 +1,388 @@
+"""Thread and run records in Redis, shared by every orchestrator replica.
+
+Why Redis and not tables next to the checkpoints: every replica already shares it (it is
+the broker), it gives the cross-replica channel for free (pub/sub for cancels, streams for
+the event relay, see :mod:`orchestrator.server.eventlog`), and it works the same whether
+the checkpointer is SQLite (one replica) or Postgres (many). These records are the
+*operational* side of a run (status, owner, queue position); the conversation itself is in
+the checkpointer. A finished run's record expires after ``TOOLFLEET_RUN_TTL`` seconds;
+thread records are kept until the thread is deleted.
+
+One run at a time holds a thread: ``thread-lock:<id>`` names it, with a TTL its owner
+renews, so a replica that dies frees its threads. Runs that may wait for the thread
+(multitask strategy ``enqueue`` or ``interrupt``) line up in ``thread-queue:<id>``; the
+admission script lets the first in line in, skipping those whose replica is gone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from orchestrator.server.encoding import dumps, loads
+from orchestrator.server.keys import Keys
+from orchestrator.server.schemas import TERMINAL_STATUSES
+
+LOCK_TTL_MS = 30_000
+"""How long a thread stays held by a run whose replica stopped renewing it."""
+
+_ADMIT = """
+-- KEYS: lock, queue. ARGV: run id, ttl ms, alive-key prefix.
+while true do
+  local head = redis.call('LINDEX', KEYS[2], 0)
+  if (not head) or head == ARGV[1] then break end
+  if redis.call('EXISTS', ARGV[3] .. head) == 1 then return 0 end
+  redis.call('LPOP', KEYS[2])  -- its replica stopped waiting: skip it
+end
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+if redis.call('LINDEX', KEYS[2], 0) == ARGV[1] then redis.call('LPOP', KEYS[2]) end
+return 1
+"""
+
+_IF_HOLDER = """
+-- KEYS: lock. ARGV: run id, 'release' | ttl ms.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == 'release' then return redis.call('DEL', KEYS[1]) end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+"""
+
+
+def now_iso() -> str:
+    """The current time as ISO 8601 with the UTC offset."""
+    return datetime.now(UTC).isoformat()
+
+
+@dataclass
+class ThreadRecord:
+    """What the service knows of a thread besides its checkpoints."""
+
+    thread_id: str
+    created_at: str
+    updated_at: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    status: str = "idle"
+
+    def to_api(self, values: Any = None) -> dict[str, Any]:
+        """The protocol's ``Thread``."""
+        return {
+            "thread_id": self.thread_id,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "metadata": self.metadata,
+            "status": self.status,
+            "values": values,
+            "interrupts": {},
+        }
+
+
+@dataclass
+class RunRecord:
+    """What the service knows of a run."""
+
+    run_id: str
+    thread_id: str
+    assistant_id: str
+    created_at: str
+    updated_at: str
+    status: str
+    replica: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    multitask_strategy: str = "reject"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    error: dict[str, Any] | None = None
+    cancel_requested: bool = False
+
+    @property
+    def done(self) -> bool:
+        """Whether the run has finished (its status will not change again)."""
+        return self.status in TERMINAL_STATUSES
+
+    def to_api(self) -> dict[str, Any]:
+        """The protocol's ``Run``, plus the owner replica and the error."""
+        return {
+            "run_id": self.run_id,
+            "thread_id": self.thread_id,
+            "assistant_id": self.assistant_id,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "status": self.status,
+            "metadata": self.metadata,
+            "multitask_strategy": self.multitask_strategy,
+            "kwargs": self.kwargs,
+            "replica": self.replica,
+            "error": self.error,
+        }
+
+
+class Store:
+    """Thread and run records, the thread lock and queue.
+
+    Args:
+        client: A ``redis.asyncio`` client created with ``decode_responses=True``.
+        keys: Key names of the deployment.
+        run_ttl: Seconds a finished run's record is kept.
+    """
+
+    def __init__(self, client: aioredis.Redis, keys: Keys, run_ttl: int) -> None:
+        self._r: Any = client  # redis-py's stubs type replies as bytes | str
+        self._keys = keys
+        self._run_ttl = run_ttl
+        self._admit = client.register_script(_ADMIT)
+        self._if_holder = client.register_script(_IF_HOLDER)
+
+    # -- threads ----------------------------------------------------------------------------
+
+    async def create_thread(
+        self, thread_id: str, metadata: dict[str, Any]
+    ) -> tuple[ThreadRecord, bool]:
+        """Create the thread unless it exists; returns its record and whether it is new."""
+        key = self._keys.thread(thread_id)
+        stamp = now_iso()
+        if not await self._r.hsetnx(key, "thread_id", thread_id):
+            existing = await self.thread(thread_id)
+            if existing is not None:
+                return existing, False
+        record = ThreadRecord(thread_id, stamp, stamp, dict(metadata))
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping=_thread_fields(record))
+            pipe.zadd(self._keys.threads, {thread_id: time.time()})
+            await pipe.execute()
+        return record, True
+
+    async def thread(self, thread_id: str) -> ThreadRecord | None:
+        """The thread's record, or ``None``."""
+        raw = await self._r.hgetall(self._keys.thread(thread_id))
+        if not raw or "created_at" not in raw:
+            return None
+        return ThreadRecord(
+            thread_id=raw["thread_id"],
+            created_at=raw["created_at"],
+            updated_at=raw["updated_at"],
+            metadata=loads(raw.get("metadata") or "{}"),
+            status=raw.get("status", "idle"),
+        )
+
+    async def tag_thread(self, record: ThreadRecord, tags: dict[str, Any]) -> None:
+        """Add ``tags`` to the thread's metadata where it lacks them."""
+        missing = {k: v for k, v in tags.items() if k not in record.metadata}
+        if missing:
+            record.metadata.update(missing)
+            metadata = dumps(record.metadata).decode()
+            await self._r.hset(self._keys.thread(record.thread_id), "metadata", metadata)
+
+    async def set_thread_status(self, thread_id: str, status: str) -> None:
+        """Record the thread's status (if the thread still exists)."""
+        key = self._keys.thread(thread_id)
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.exists(key)
+            pipe.hset(key, mapping={"status": status, "updated_at": now_iso()})
+            exists, _ = await pipe.execute()
+        if not exists:  # deleted meanwhile: do not leave a half record behind
+            await self._r.delete(key)
+
+    async def delete_thread(self, thread_id: str, *, keep_runs: bool = False) -> None:
+        """Drop the thread's record and (unless ``keep_runs``) its runs' records and logs.
+
+        A run without a thread keeps its record and event log until they expire, so a
+        client still streaming it reads to the end.
+        """
+        run_ids = await self._r.zrange(self._keys.thread_runs(thread_id), 0, -1)
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.delete(self._keys.thread(thread_id), self._keys.thread_runs(thread_id))
+            pipe.zrem(self._keys.threads, thread_id)
+            for run_id in [] if keep_runs else run_ids:
+                pipe.delete(self._keys.run(run_id), self._keys.events(run_id))
+            await pipe.execute()
+
+    async def search_threads(
+        self,
+        *,
+        limit: int,
+        offset: int,
+        metadata: dict[str, Any] | None = None,
+        status: str | None = None,
+        ids: list[str] | None = None,
+    ) -> list[ThreadRecord]:
+        """Threads newest first, filtered by metadata subset, status and ids."""
+        found: list[ThreadRecord] = []
+        skipped = 0
+        candidates = ids if ids is not None else None
+        position = 0
+        while len(found) < limit:
+            if candidates is None:
+                page = await self._r.zrevrange(self._keys.threads, position, position + 199)
+                position += 200
+                if not page:
+                    break
+            else:
+                page, candidates = candidates, []
+                if not page:
+                    break
+            for thread_id in page:
+                record = await self.thread(thread_id)
+                if record is None or (status and record.status != status):
+                    continue
+                if metadata and any(record.metadata.get(k) != v for k, v in metadata.items()):
+                    continue
+                if skipped < offset:
+                    skipped += 1
+                    continue
+                found.append(record)
+                if len(found) >= limit:
+                    break
+        return found
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    async def put_run(self, run: RunRecord) -> None:
+        """Store a new run and list it under its thread."""
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.hset(self._keys.run(run.run_id), mapping=_run_fields(run))
+            pipe.zadd(self._keys.thread_runs(run.thread_id), {run.run_id: time.time()})
+            await pipe.execute()
+
+    async def run(self, run_id: str) -> RunRecord | None:
+        """The run's record, or ``None``."""
+        raw = await self._r.hgetall(self._keys.run(run_id))
+        return _run_from(raw) if raw and "doc" in raw else None
+
+    async def runs(
+        self, thread_id: str, *, limit: int, offset: int, status: str | None = None
+    ) -> list[RunRecord]:
+        """The thread's runs, newest first."""
+        ids = await self._r.zrevrange(self._keys.thread_runs(thread_id), 0, -1)
+        found: list[RunRecord] = []
+        for run_id in ids:
+            run = await self.run(run_id)
+            if run is None:  # expired
+                await self._r.zrem(self._keys.thread_runs(thread_id), run_id)
+                continue
+            if status is None or run.status == status:
+                found.append(run)
+        return found[offset : offset + limit]
+
+    async def set_run_status(
+        self, run_id: str, status: str, error: dict[str, Any] | None = None
+    ) -> None:
+        """Record the run's status; a finished run's record starts to expire."""
+        fields = {"status": status, "updated_at": now_iso()}
+        if error is not None:
+            fields["error"] = dumps(error).decode()
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.hset(self._keys.run(run_id), mapping=fields)
+            if status in TERMINAL_STATUSES:
+                pipe.expire(self._keys.run(run_id), self._run_ttl)
+            await pipe.execute()
+
+    async def request_cancel(self, run_id: str) -> None:
+        """Flag the run as to be cancelled (its owner checks the flag as it renews)."""
+        await self._r.hset(self._keys.run(run_id), "cancel", "1")
+
+    async def cancel_requested(self, run_id: str) -> bool:
+        """Whether someone asked to cancel the run."""
+        return bool(await self._r.hget(self._keys.run(run_id), "cancel"))
+
+    async def delete_run(self, run: RunRecord) -> None:
+        """Forget a finished run."""
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.delete(self._keys.run(run.run_id), self._keys.events(run.run_id))
+            pipe.zrem(self._keys.thread_runs(run.thread_id), run.run_id)
+            await pipe.execute()
+
+    # -- the thread lock and queue ---------------------------------------------------------
+
+    async def admit(self, thread_id: str, run_id: str) -> bool:
+        """Let the run hold the thread if it is free and the run is first in line."""
+        keys = self._keys
+        return bool(
+            await self._admit(
+                keys=[keys.thread_lock(thread_id), keys.thread_queue(thread_id)],
+                args=[run_id, LOCK_TTL_MS, keys.run_alive_prefix],
+            )
+        )
+
+    async def enqueue(self, thread_id: str, run_id: str, *, first: bool = False) -> None:
+        """Put the run in the thread's line (at its head for ``first``)."""
+        keys = self._keys
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.set(keys.run_alive(run_id), "1", px=LOCK_TTL_MS)
+            if first:
+                pipe.lpush(keys.thread_queue(thread_id), run_id)
+            else:
+                pipe.rpush(keys.thread_queue(thread_id), run_id)
+            await pipe.execute()
+
+    async def still_waiting(self, run_id: str) -> None:
+        """Renew the mark that the run's replica still waits to start it."""
+        await self._r.set(self._keys.run_alive(run_id), "1", px=LOCK_TTL_MS)
+
+    async def leave_queue(self, thread_id: str, run_id: str) -> None:
+        """Take the run out of the thread's line."""
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.lrem(self._keys.thread_queue(thread_id), 0, run_id)
+            pipe.delete(self._keys.run_alive(run_id))
+            await pipe.execute()
+
+    async def holder(self, thread_id: str) -> str | None:
+        """Id of the run holding the thread."""
+        result: str | None = await self._r.get(self._keys.thread_lock(thread_id))
+        return result
+
+    async def renew(self, thread_id: str, run_id: str) -> bool:
+        """Extend the run's hold on the thread; ``False`` if it lost it."""
+        lock = self._keys.thread_lock(thread_id)
+        return bool(await self._if_holder(keys=[lock], args=[run_id, LOCK_TTL_MS]))
+
+    async def release(self, thread_id: str, run_id: str) -> None:
+        """Free the thread if the run holds it."""
+        await self._if_holder(keys=[self._keys.thread_lock(thread_id)], args=[run_id, "release"])
+
+
+def _thread_fields(record: ThreadRecord) -> dict[str, str]:
+    return {
+        "thread_id": record.thread_id,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+        "metadata": dumps(record.metadata).decode(),
+        "status": record.status,
+    }
+
+
+def _run_fields(run: RunRecord) -> dict[str, str]:
+    doc = {
+        "run_id": run.run_id,
+        "thread_id": run.thread_id,
+        "assistant_id": run.assistant_id,
+        "created_at": run.created_at,
+        "metadata": run.metadata,
+        "multitask_strategy": run.multitask_strategy,
+        "kwargs": run.kwargs,
+    }
+    return {
+        "doc": dumps(doc).decode(),
+        "status": run.status,
+        "updated_at": run.updated_at,
+        "replica": run.replica,
+    }
+
+
+def _run_from(raw: dict[str, str]) -> RunRecord:
+    doc = loads(raw["doc"])
+    return RunRecord(
+        run_id=doc["run_id"],
+        thread_id=doc["thread_id"],
+        assistant_id=doc["assistant_id"],
+        created_at=doc["created_at"],
+        updated_at=raw.get("updated_at", doc["created_at"]),
+        status=raw.get("status", "pending"),
+        replica=raw.get("replica", ""),
+        metadata=doc.get("metadata") or {},
+        multitask_strategy=doc.get("multitask_strategy", "reject"),
+        kwargs=doc.get("kwargs") or {},
+        error=loads(raw["error"]) if raw.get("error") else None,
+        cancel_requested=bool(raw.get("cancel")),
+    )

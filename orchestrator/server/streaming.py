@@ -1,0 +1,93 @@
+"""A run's stream parts as a server-sent-event response, from whichever replica.
+
+The response opens with ``event: metadata`` (``{"run_id": ..., "attempt": 1}``), then one
+event per stream part: ``event: values|updates|messages|custom|...`` (``|<namespace>``
+for subgraphs) with the part as JSON ``data`` and its log entry as ``id``, then ``event:
+error`` if the run failed. It closes after the run's last part. A ``Location`` header
+names the run's stream: the SDK reconnects there, with ``Last-Event-ID``, if the
+connection drops, and picks up where it left off, on any replica.
+
+A client that goes away stops only its own response: the run goes on, unless the client
+asked to cancel on disconnect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+
+from fastapi.responses import StreamingResponse
+
+from orchestrator.server.encoding import SSE_HEARTBEAT, dumps, sse_frame
+from orchestrator.server.eventlog import END
+from orchestrator.server.runner import RunManager
+from orchestrator.server.store import RunRecord
+
+HEARTBEAT = 15.0
+"""Seconds of silence after which a comment line keeps the connection open."""
+
+
+def event_filter(stream_mode: Iterable[str] | None) -> frozenset[str] | None:
+    """Event names a client asked for (``messages-tuple`` is sent as ``messages``)."""
+    modes = [m for m in stream_mode or () if m]
+    if not modes:
+        return None
+    return frozenset("messages" if m == "messages-tuple" else m for m in modes)
+
+
+def run_locations(run: RunRecord) -> dict[str, str]:
+    """``Content-Location`` of the run (the SDK reads the run id from it) and
+    ``Location`` of its stream (where the SDK reconnects)."""
+    path = f"/threads/{run.thread_id}/runs/{run.run_id}"
+    return {"Content-Location": path, "Location": f"{path}/stream"}
+
+
+def sse_response(
+    runs: RunManager,
+    run: RunRecord,
+    *,
+    events: frozenset[str] | None,
+    after: str = "0-0",
+    cancel_on_disconnect: bool = False,
+) -> StreamingResponse:
+    """Stream the run's parts (those named in ``events``; all for ``None``)."""
+    headers = {
+        **run_locations(run),
+        "Cache-Control": "no-store",
+        "X-Accel-Buffering": "no",  # nginx: pass events through as they come
+    }
+    body = _frames(runs, run, events, after, cancel_on_disconnect)
+    return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+
+
+async def _frames(
+    runs: RunManager,
+    run: RunRecord,
+    events: frozenset[str] | None,
+    after: str,
+    cancel_on_disconnect: bool,
+) -> AsyncIterator[bytes]:
+    yield sse_frame("metadata", dumps({"run_id": run.run_id, "attempt": 1}))
+    ended = False
+    try:
+        async with runs.relay.follow(run.run_id, after) as follower:
+            while True:
+                try:
+                    entry = await follower.next(timeout=HEARTBEAT)
+                except OverflowError:
+                    return  # fell behind: the client reconnects with Last-Event-ID
+                if entry is None:
+                    yield SSE_HEARTBEAT
+                    await runs.get_run(run.thread_id, run.run_id)  # notices a lost replica
+                    continue
+                if entry.event == END:
+                    ended = True
+                    return
+                if events is None or entry.event == "error" or _base(entry.event) in events:
+                    yield sse_frame(entry.event, entry.data, entry.id)
+    finally:
+        if cancel_on_disconnect and not ended:
+            runs.cancel_soon(run)
+
+
+def _base(event: str) -> str:
+    return event.partition("|")[0]

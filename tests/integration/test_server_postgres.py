@@ -1,0 +1,146 @@
+"""Two replicas of ``toolfleet serve`` behind one Redis and one Postgres checkpointer.
+
+A run started on replica A is streamed, joined and cancelled through replica B, as a
+load balancer would route a client's later requests. The Postgres server is the one at
+``TOOLFLEET_TEST_DATABASE_URL`` (CI sets it); each test run uses a schema of its own and
+drops it afterwards. Without that variable these tests fail: they never skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import psycopg
+import pytest
+from langgraph_sdk import get_client
+from langgraph_sdk.errors import ConflictError
+
+from tests.serving import ServerProcess, prefork_fleet, run, start_server, wait_for_states
+from tool_workers.settings import Settings
+
+__all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def database_url() -> Iterator[str]:
+    """A Postgres URL whose search path is a fresh schema (dropped afterwards)."""
+    base = os.environ.get("TOOLFLEET_TEST_DATABASE_URL")
+    if not base:
+        pytest.fail(
+            "TOOLFLEET_TEST_DATABASE_URL is not set: the multi-replica tests need a Postgres "
+            "server, e.g. TOOLFLEET_TEST_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/test"
+        )
+    schema = f"tft_{uuid.uuid4().hex[:12]}"
+    try:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'CREATE SCHEMA "{schema}"')
+    except psycopg.Error as exc:
+        pytest.fail(f"TOOLFLEET_TEST_DATABASE_URL={base} does not work: {exc!r}")
+    separator = "&" if "?" in base else "?"
+    yield f"{base}{separator}options={quote(f'-csearch_path={schema}')}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    database_url: str, prefork_fleet: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    workdir = tmp_path_factory.mktemp("replicas")
+    token = f"tft-token-{uuid.uuid4().hex}"
+    shared = {"database_url": database_url, "api_tokens": (token,)}
+    # One after the other: the first creates the checkpoint tables.
+    a = start_server(prefork_fleet, workdir / "a", "replica-a", **shared)
+    try:
+        b = start_server(prefork_fleet, workdir / "b", "replica-b", **shared)
+    except BaseException:
+        a.stop()
+        raise
+    yield a, b
+    b.stop()
+    a.stop()
+
+
+def client(server: ServerProcess) -> Any:
+    return get_client(url=server.url, api_key=server.settings.api_tokens[0])
+
+
+def ask(*calls: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    text = json.dumps({"calls": [list(c) for c in calls]})
+    return {"messages": [{"role": "user", "content": text}]}
+
+
+def test_run_started_on_one_replica_is_streamed_and_joined_on_another(
+    replicas: tuple[ServerProcess, ServerProcess],
+) -> None:
+    """Given a run started on A, when a client streams and joins it through B, then B
+    relays its tool-call events and values, and B reads the final state from Postgres."""
+    a, b = replicas
+
+    async def scenario() -> tuple[Any, ...]:
+        async with client(a) as on_a, client(b) as on_b:
+            thread = await on_a.threads.create()
+            tid = thread["thread_id"]
+            created = await on_a.runs.create(
+                tid,
+                "agent",
+                input=ask(("sleep_for", {"seconds": 0.5}), ("add", {"a": 1, "b": 1})),
+                stream_mode=["values", "custom"],
+            )
+            parts = [p async for p in on_b.runs.join_stream(tid, created["run_id"])]
+            joined = await on_b.runs.join(tid, created["run_id"])
+            run_on_b = await on_b.runs.get(tid, created["run_id"])
+            state = await on_b.threads.get_state(tid)
+            return created, parts, joined, run_on_b, state
+
+    created, parts, joined, run_on_b, state = run(scenario())
+
+    assert run_on_b["replica"] == created["replica"]  # A ran it
+    assert run_on_b["status"] == "success"
+    events = [p.data["toolfleet"]["event"] for p in parts if p.event == "custom"]
+    assert events.count("dispatched") == 2 and events.count("finished") == 2
+    values = [p.data for p in parts if p.event == "values"]
+    assert values[-1] == joined == state["values"]
+    assert joined["messages"][-1]["content"] == "done: 2 results: slept 0.5, 2"
+
+
+def test_run_on_one_replica_is_cancelled_from_another(
+    replicas: tuple[ServerProcess, ServerProcess], prefork_fleet: Settings
+) -> None:
+    """Given a run on A whose tool call takes 30 s, when B cancels it, then the run ends
+    interrupted within seconds and the tool's Celery task is REVOKED."""
+    a, b = replicas
+
+    async def scenario() -> tuple[str, Any, float, Any]:
+        async with client(a) as on_a, client(b) as on_b:
+            thread = await on_a.threads.create()
+            tid = thread["thread_id"]
+            created = await on_a.runs.create(
+                tid, "agent", input=ask(("sleep_for", {"seconds": 30})), stream_mode="custom"
+            )
+            task_id = ""
+            async for part in on_b.runs.join_stream(tid, created["run_id"]):
+                if part.event == "custom" and part.data["toolfleet"]["event"] == "started":
+                    task_id = part.data["toolfleet"]["task_id"]
+                    break
+            with pytest.raises(ConflictError):  # the thread is busy on every replica
+                await on_b.runs.create(tid, "agent", input={"messages": "meanwhile"})
+            t0 = time.monotonic()
+            cancelled = await on_b.runs.cancel(tid, created["run_id"], wait=True)
+            took = time.monotonic() - t0
+            after = await on_a.runs.wait(tid, "agent", input={"messages": "next"})
+            return task_id, cancelled, took, after
+
+    task_id, cancelled, took, after = run(scenario())
+
+    assert cancelled["status"] == "interrupted" and took < 5
+    assert after["messages"][-1]["content"] == "echo: next"
+    assert wait_for_states(prefork_fleet, [task_id], "REVOKED") == {task_id: "REVOKED"}

@@ -1,0 +1,228 @@
+"""The HTTP service's pure parts: encodings, auth, request schemas, config, model choice."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+from fastapi.testclient import TestClient
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.types import Interrupt, StateSnapshot
+from langgraph_sdk.sse import SSEDecoder
+from pydantic import ValidationError
+
+from orchestrator.scripted import ScriptedChatModel
+from orchestrator.server import create_app
+from orchestrator.server.auth import TokenAuth
+from orchestrator.server.encoding import dumps, loads, sse_frame, thread_state
+from orchestrator.server.eventlog import parse_id
+from orchestrator.server.graph import ASSISTANT_ID, SCRIPTED, is_assistant, resolve_model
+from orchestrator.server.keys import Keys
+from orchestrator.server.runconfig import run_config
+from orchestrator.server.runner import recorded_modes
+from orchestrator.server.schemas import RunCreate
+from orchestrator.server.store import RunRecord
+from orchestrator.server.streaming import event_filter
+from tests import server_models
+from tests.conftest import REPO
+from tool_workers.errors import ConfigError
+from tool_workers.settings import Settings
+
+TOKEN = "unit-token"
+
+
+def decode_sse(raw: bytes) -> list[tuple[str, object, str | None]]:
+    """Parse a response body the way langgraph-sdk does."""
+    decoder = SSEDecoder()
+    parts = []
+    for line in raw.split(b"\n"):
+        part = decoder.decode(line)
+        if part is not None:
+            parts.append((part.event, part.data, part.id))
+    return parts
+
+
+def test_given_messages_and_interrupts_when_encoded_then_clients_read_them() -> None:
+    value = {
+        "messages": [HumanMessage("hi", id="h1"), AIMessage("yo", id="a1")],
+        "__interrupt__": [Interrupt(value={"ask": "ok?"}, id="i1")],
+        "tags": {"x"},
+        "odd": object(),
+    }
+    decoded = loads(dumps(value))
+    assert decoded["messages"][0]["type"] == "human" and decoded["messages"][0]["content"] == "hi"
+    assert decoded["messages"][1]["type"] == "ai" and decoded["messages"][1]["id"] == "a1"
+    assert decoded["__interrupt__"][0]["value"] == {"ask": "ok?"}
+    assert decoded["tags"] == ["x"]
+    assert decoded["odd"].startswith("<object object")
+
+
+def test_given_a_frame_when_the_sdk_decoder_reads_it_then_event_data_and_id_survive() -> None:
+    body = sse_frame("custom", dumps({"toolfleet": {"event": "started", "text": "a\nb"}}), "5-1")
+    body += sse_frame("metadata", dumps({"run_id": "r"}))
+
+    parts = decode_sse(body)
+
+    assert parts[0] == ("custom", {"toolfleet": {"event": "started", "text": "a\nb"}}, "5-1")
+    assert parts[1][:2] == ("metadata", {"run_id": "r"})
+
+
+def test_given_a_snapshot_then_thread_state_has_the_protocol_fields() -> None:
+    config = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "c2"}}
+    parent = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "c1"}}
+    snapshot = StateSnapshot(
+        values={"messages": []},
+        next=("tools",),
+        config=config,
+        metadata={"step": 2},
+        created_at="2026-01-01T00:00:00+00:00",
+        parent_config=parent,
+        tasks=(),
+        interrupts=(),
+    )
+
+    state = loads(dumps(thread_state(snapshot)))
+
+    assert state["next"] == ["tools"]
+    assert state["checkpoint"]["checkpoint_id"] == "c2"
+    assert state["parent_checkpoint"]["checkpoint_id"] == "c1"
+    assert set(state) == {
+        "values",
+        "next",
+        "checkpoint",
+        "metadata",
+        "created_at",
+        "parent_checkpoint",
+        "tasks",
+        "interrupts",
+    }
+
+
+def test_given_tokens_then_only_those_are_accepted() -> None:
+    auth = TokenAuth(["one", "two"])
+    assert auth.enabled and auth.accepts("two")
+    assert not auth.accepts("three") and not auth.accepts(None) and not auth.accepts("")
+    assert not TokenAuth([]).enabled
+
+
+def test_given_the_app_then_requests_need_a_token_and_bad_bodies_name_the_field() -> None:
+    app = create_app(Settings(api_tokens=(TOKEN,)))
+    app.state.services = None  # no lifespan: only what runs before the handlers is reached
+    http = TestClient(app)
+
+    assert http.get("/ok").json() == {"ok": True}
+    unauthorized = http.post("/threads/t/runs", json={})
+    assert unauthorized.status_code == 401
+    assert unauthorized.headers["www-authenticate"] == "Bearer"
+    assert TOKEN not in unauthorized.text
+    for headers in ({"Authorization": f"Bearer {TOKEN}"}, {"X-Api-Key": TOKEN}):
+        invalid = http.post("/threads/t/runs", json={"stream_mode": 3}, headers=headers)
+        assert invalid.status_code == 422
+        assert "assistant_id: Field required" in invalid.json()["detail"]
+        assert "stream_mode" in invalid.json()["detail"]
+    assert "/threads/{thread_id}/runs/{run_id}/join" in http.get("/openapi.json").json()["paths"]
+
+
+def test_given_run_bodies_then_defaults_and_refusals_follow_the_protocol() -> None:
+    body = RunCreate.model_validate({"assistant_id": "agent", "stream_mode": "updates"})
+    assert body.stream_mode == ["updates"]
+    assert body.multitask_strategy == "reject" and body.on_disconnect == "continue"
+    assert RunCreate.model_validate({"assistant_id": "agent", "unknown": 1}).stream_mode == [
+        "values"
+    ]
+    for bad in ({"stream_mode": ["events"]}, {"multitask_strategy": "rollback"}):
+        with pytest.raises(ValidationError) as caught:
+            RunCreate.model_validate({"assistant_id": "agent", **bad})
+        assert next(iter(bad)) in str(caught.value)
+
+
+def test_given_stream_modes_then_custom_is_recorded_and_messages_tuple_is_messages() -> None:
+    assert recorded_modes(["values", "values"]) == ["values", "custom"]
+    assert recorded_modes(["custom", "updates"]) == ["custom", "updates"]
+    assert event_filter(["messages-tuple", "custom"]) == frozenset({"messages", "custom"})
+    assert event_filter(None) is None and event_filter([""]) is None
+
+
+def test_given_a_run_then_its_config_carries_thread_and_run_identity() -> None:
+    run_id = str(uuid.uuid4())
+    run = RunRecord(run_id, "t1", ASSISTANT_ID, "now", "now", "pending", "r1", {"who": "me"})
+    body = RunCreate.model_validate(
+        {
+            "assistant_id": "agent",
+            "config": {"configurable": {"thread_id": "spoofed", "x": 1}, "recursion_limit": 7},
+            "checkpoint_id": "c9",
+        }
+    )
+
+    config = run_config(run, body)
+
+    assert config["configurable"]["thread_id"] == "t1" and config["configurable"]["x"] == 1
+    assert config["configurable"]["checkpoint_id"] == "c9"
+    assert config["run_id"] == uuid.UUID(run_id) and config["recursion_limit"] == 7
+    assert config["metadata"]["who"] == "me" and config["metadata"]["run_id"] == run_id
+
+
+def test_given_model_specs_then_the_right_model_is_built() -> None:
+    assert isinstance(resolve_model(None), ScriptedChatModel)
+    assert isinstance(resolve_model(SCRIPTED), ScriptedChatModel)
+    assert isinstance(resolve_model("tests.server_models:directed"), server_models.DirectedModel)
+    with pytest.raises(ConfigError, match="cannot import"):
+        resolve_model("tests.server_models:nothing_here")
+    with pytest.raises(ConfigError, match="not a chat model"):
+        resolve_model("tests.server_models:json")
+
+
+def test_given_assistant_ids_then_graph_id_and_uuid_both_name_the_agent() -> None:
+    assert is_assistant("agent") and is_assistant(ASSISTANT_ID)
+    assert not is_assistant("other")
+
+
+def test_given_stream_entry_ids_then_they_order_numerically() -> None:
+    assert parse_id("0") == (0, 0) < parse_id("9-1") < parse_id("10-0") < parse_id("10-2")
+    with pytest.raises(ValueError):
+        parse_id("not-an-id")
+
+
+def test_given_a_run_record_then_its_api_form_is_a_protocol_run() -> None:
+    run = RunRecord("r", "t", ASSISTANT_ID, "a", "b", "success", "rep")
+    api = run.to_api()
+    assert {"run_id", "thread_id", "assistant_id", "status", "multitask_strategy"} <= set(api)
+    assert dataclasses.replace(run, status="pending").done is False and run.done is True
+
+
+def test_given_ids_that_look_like_keys_then_no_two_keys_collide() -> None:
+    keys = Keys("ns:toolfleet:")
+    ids = ["x", "x:runs", "runs:x", "x:events", "x:alive", "lock:x"]
+    names = [
+        key
+        for i in ids
+        for key in (
+            keys.thread(i),
+            keys.thread_runs(i),
+            keys.thread_lock(i),
+            keys.thread_queue(i),
+            keys.run(i),
+            keys.run_alive(i),
+            keys.events(i),
+            keys.replica(i),
+            keys.wake(i),
+        )
+    ]
+    assert len(names) == len(set(names))
+
+
+def test_given_no_tokens_when_serve_starts_then_it_refuses_unless_told_no_auth() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLFLEET_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "serve", "--port", "1"],
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "no API tokens" in done.stderr and "--no-auth" in done.stderr
