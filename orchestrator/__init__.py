@@ -13,9 +13,10 @@ from __future__ import annotations
 from orchestrator.discovery import RemoteTool, discover_tools
 from orchestrator.dispatch import CeleryDispatcher, Dispatcher, PreparedCall
 from orchestrator.fleet import dispatcher_for
-from orchestrator.middleware import CeleryToolMiddleware
+from orchestrator.middleware import CeleryToolMiddleware, with_deadline
 from orchestrator.node import RemoteToolNode
 from orchestrator.scripted import ScriptedChatModel
+from orchestrator.transcript import aclose_pending_calls, close_pending_calls
 from tool_workers.errors import (
     ConfigError,
     DispatchError,
@@ -43,6 +44,9 @@ __all__ = [
     "Settings",
     "ToolLoadError",
     "ToolfleetError",
+    "aclose_pending_calls",
+    "close_pending_calls",
     "discover_tools",
     "dispatcher_for",
+    "with_deadline",
 ]

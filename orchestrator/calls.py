@@ -49,7 +49,7 @@ def _run_id(request: ToolCallRequest, config: Mapping[str, Any]) -> str | None:
     return str(run_id) if run_id is not None else None
 
 
-def _messages(state: Any) -> list[Any]:
+def messages_of(state: Any) -> list[Any]:
     if isinstance(state, dict):
         return list(state.get("messages") or [])
     if isinstance(state, list):
@@ -58,7 +58,7 @@ def _messages(state: Any) -> list[Any]:
 
 
 def owning_message(state: Any, call_id: str) -> AIMessage | None:
-    for message in reversed(_messages(state)):
+    for message in reversed(messages_of(state)):
         if isinstance(message, AIMessage) and any(
             tc.get("id") == call_id for tc in message.tool_calls
         ):
@@ -67,7 +67,7 @@ def owning_message(state: Any, call_id: str) -> AIMessage | None:
 
 
 def answered_ids(state: Any) -> set[str]:
-    return {m.tool_call_id for m in _messages(state) if isinstance(m, ToolMessage)}
+    return {m.tool_call_id for m in messages_of(state) if isinstance(m, ToolMessage)}
 
 
 def to_message(call: PreparedCall, result: ToolResult) -> ToolMessage:

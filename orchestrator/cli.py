@@ -6,6 +6,7 @@ TOOLFLEET_TOOL_MODULES=myproj.tools celery -A tool_workers worker
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -52,15 +53,114 @@ def run(
 
     from orchestrator.demo import run_agent
     from orchestrator.fleet import close_all
+    from tool_workers.logs import configure_logging
     from tool_workers.settings import Settings
 
-    logging.basicConfig(level=logging.WARNING)
+    settings = Settings()
+    configure_logging(settings)  # a line per finished call; JSON with TOOLFLEET_LOG_JSON=1
     try:
         run_agent(
-            Settings(), model, prompt, console=Console(), wait_for_workers=wait, thread_id=thread
+            settings,
+            model or settings.model,
+            prompt,
+            console=Console(),
+            wait_for_workers=wait,
+            thread_id=thread,
         )
     finally:
         close_all()
+
+
+@app.command()
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for the workers' inspect replies.")
+    ] = 2.0,
+) -> None:
+    """Workers online, queue depths, tools per queue and in-flight calls of the fleet."""
+    from rich.console import Console
+
+    from orchestrator.status import run_status
+    from tool_workers.settings import Settings
+
+    logging.basicConfig(level=logging.WARNING)
+    code = run_status(Settings(), as_json=as_json, timeout=timeout, console=Console())
+    raise typer.Exit(code)
+
+
+@app.command()
+def bench(
+    quick: Annotated[
+        bool, typer.Option(help="A tiny version of every scenario (seconds; for CI).")
+    ] = False,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the results as JSON here.")
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a PNG of fan-out time against N here.")
+    ] = None,
+    markdown: Annotated[
+        Path | None, typer.Option(help="Write the tables as Markdown here.")
+    ] = None,
+    use_settings: Annotated[
+        bool,
+        typer.Option(help="Use the broker TOOLFLEET_* names instead of an embedded server."),
+    ] = False,
+    only: Annotated[
+        str | None,
+        typer.Option(help="Scenarios to run, comma-separated: a-e or latency, fanout, ..."),
+    ] = None,
+) -> None:
+    """Measure toolfleet against a local ToolNode and raw Celery; print the results."""
+    from orchestrator.bench import main as run_bench
+    from orchestrator.bench import select
+
+    try:
+        select(only)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--only") from exc
+    logging.basicConfig(level=logging.WARNING)
+    code = run_bench(
+        quick=quick,
+        json_path=json_path,
+        plot_path=plot,
+        markdown_path=markdown,
+        use_settings=use_settings,
+        only=only,
+    )
+    raise typer.Exit(code)
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8123,
+    no_auth: Annotated[
+        bool, typer.Option("--no-auth", help="Serve without API tokens (local use only).")
+    ] = False,
+) -> None:
+    """Serve the agent over HTTP: LangGraph's Agent Protocol (threads, runs, streaming).
+
+    Clients need one of TOOLFLEET_API_TOKENS as a bearer token (or X-Api-Key).
+    """
+    from tool_workers.errors import ConfigError
+
+    try:
+        from orchestrator.server.app import serve as serve_forever
+    except ImportError as exc:
+        typer.echo(f"error: {exc}; install the server extra: pip install 'toolfleet[server]'")
+        raise typer.Exit(2) from None
+    from tool_workers.logs import configure_logging
+    from tool_workers.settings import Settings
+
+    settings = Settings()
+    configure_logging(settings)
+    try:
+        serve_forever(settings, host=host, port=port, no_auth=no_auth)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command()

@@ -29,6 +29,7 @@ from orchestrator.outcome import result_from_meta
 from orchestrator.publish import Publisher
 from orchestrator.registry_view import RegistryView
 from orchestrator.results import ResultListener, StateCallback
+from tool_workers.connections import redis_client, redis_connection_kwargs
 from tool_workers.errors import DispatchError, ResultTimeout
 from tool_workers.protocol import ToolRequest, ToolResult, ToolSpec
 from tool_workers.settings import Settings
@@ -103,10 +104,14 @@ class CeleryDispatcher:
     def __init__(self, app: Celery, settings: Settings) -> None:
         self.app = app
         self.settings = settings
-        self._redis = redis.Redis.from_url(settings.backend_url)
-        self._registry = RegistryView(redis.Redis.from_url(settings.broker_url), settings)
+        self._redis = redis_client(settings.backend_url, settings)
+        self._registry = RegistryView(redis_client(settings.broker_url, settings), settings)
         self._publisher = Publisher(app, settings, self._redis)
-        self.listener = ResultListener(settings.backend_url, app.backend.get_key_for_task)
+        self.listener = ResultListener(
+            settings.backend_url,
+            app.backend.get_key_for_task,
+            redis_connection_kwargs(settings.backend_url, settings),
+        )
         self._lock = threading.Lock()
         self._futures: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}
         self._calls: dict[str, PreparedCall] = {}

@@ -27,15 +27,24 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from langchain.agents.middleware import AgentMiddleware
-from langchain_core.messages import ToolMessage
+from langchain.agents.middleware import AgentMiddleware, hook_config
+from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.prebuilt.tool_node import INVALID_TOOL_NAME_ERROR_TEMPLATE, ToolCallRequest
 from langgraph.types import Command
 
-from orchestrator.calls import answered_ids, owning_message, prepare, prepare_raw, to_message
+from orchestrator.calllog import log_finished
+from orchestrator.calls import (
+    answered_ids,
+    messages_of,
+    owning_message,
+    prepare,
+    prepare_raw,
+    to_message,
+)
 from orchestrator.dispatch import Dispatcher, PreparedCall
 from orchestrator.events import ToolCallEvents
 from orchestrator.fleet import dispatcher_for
+from tool_workers.errors import ResultTimeout, RunDeadlineExceeded
 from tool_workers.protocol import ToolSpec, task_id_for
 
 log = logging.getLogger("toolfleet.orchestrator")
@@ -108,11 +117,21 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         if self.eager_dispatch:
             self._publish_siblings(request, call, events)
         call = self._reconcile(call)
+        deadline = run_deadline(request)
         events.track([call])
+        if deadline is not None and deadline <= time.time():
+            self._dispatcher.cancel([call])  # published eagerly by a sibling, maybe
+            raise RunDeadlineExceeded(f"run deadline passed before {call.tool} could run")
         self._dispatcher.submit([call], events.on_state)
         events.dispatched(call)
-        result = self._dispatcher.wait(call)
+        try:
+            result = self._dispatcher.wait(call, _remaining(deadline))
+        except ResultTimeout as exc:
+            self._dispatcher.cancel([call], terminate=True)
+            events.cancelled(call)
+            raise RunDeadlineExceeded(f"run deadline passed while {call.tool} ran") from exc
         events.finished(call, result)
+        log_finished(call, result)
         return to_message(call, result)
 
     async def awrap_tool_call(
@@ -134,17 +153,65 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         call = prepare(request, spec)
         events = ToolCallEvents(request)
         events.track([call])
+        deadline = run_deadline(request)
+        if deadline is not None and deadline <= time.time():
+            raise RunDeadlineExceeded(f"run deadline passed before {call.tool} could run")
         try:
             await _submit_async(self._dispatcher, call, events)
             events.dispatched(call)
-            result = await self._dispatcher.wait_async(call)
+            result = await self._dispatcher.wait_async(call, _remaining(deadline))
+        except ResultTimeout as exc:
+            self._dispatcher.cancel([call], terminate=True)
+            events.cancelled(call)
+            raise RunDeadlineExceeded(f"run deadline passed while {call.tool} ran") from exc
         except asyncio.CancelledError:
             # The run was cancelled (or a sibling failed): nothing keeps working for it.
             self._dispatcher.cancel([call], terminate=True)
             events.cancelled(call)
             raise
         events.finished(call, result)
+        log_finished(call, result)
         return to_message(call, result)
+
+    @hook_config(can_jump_to=["model"])
+    def after_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        """Answer tool calls whose arguments are not valid JSON with error ToolMessages.
+
+        LangChain puts them in ``AIMessage.invalid_tool_calls``, which the agent loop
+        never runs: without an answer the model would never learn of its mistake (and a
+        message holding only such calls would end the run silently).
+        """
+        messages = messages_of(state)
+        last = messages[-1] if messages else None
+        if not isinstance(last, AIMessage) or not last.invalid_tool_calls:
+            return None
+        answered = answered_ids(state)
+        errors = [
+            ToolMessage(
+                content=(
+                    f"Error: the arguments of your call to '{bad.get('name')}' are not "
+                    f"valid JSON ({bad.get('error') or 'unparseable'}): {bad.get('args')!r}\n"
+                    " Please fix your mistakes."
+                ),
+                name=bad.get("name") or "invalid_tool_call",
+                tool_call_id=bad["id"],
+                status="error",
+                response_metadata={"toolfleet": {"error_kind": "invalid_args"}},
+            )
+            for bad in last.invalid_tool_calls
+            if bad.get("id") and bad["id"] not in answered
+        ]
+        if not errors:
+            return None
+        log.warning("%d tool call(s) with malformed arguments answered with errors", len(errors))
+        update: dict[str, Any] = {"messages": errors}
+        if not last.tool_calls:
+            update["jump_to"] = "model"
+        return update
+
+    async def aafter_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        """Async flavour of :meth:`after_model`."""
+        return self.after_model(state, runtime)
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -219,6 +286,40 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             queue=call.queue,
             spec=call.spec,
         )
+
+
+DEADLINE_KEY = "toolfleet_deadline"
+"""``config["configurable"]`` key holding a run's deadline (Unix time)."""
+
+
+def with_deadline(seconds: float, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A run config whose tool calls must finish within ``seconds`` from now.
+
+    When the deadline passes, the run's in-flight calls are revoked (terminated on prefork
+    workers), calls not yet sent are never sent, and the run raises
+    :class:`~tool_workers.errors.RunDeadlineExceeded`.
+
+    Example::
+
+        agent.invoke(inputs, with_deadline(30, {"configurable": {"thread_id": "t1"}}))
+    """
+    config = dict(config or {})
+    config["configurable"] = {
+        **(config.get("configurable") or {}),
+        DEADLINE_KEY: time.time() + seconds,
+    }
+    return config
+
+
+def run_deadline(request: ToolCallRequest) -> float | None:
+    """The deadline (Unix time) of the run ``request`` belongs to, if it has one."""
+    config = request.runtime.config if request.runtime is not None else {}
+    value = (config.get("configurable") or {}).get(DEADLINE_KEY)
+    return float(value) if value is not None else None
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(deadline - time.time(), 0.0)
 
 
 def _wait_served(dispatcher: Dispatcher, name: str, timeout: float) -> Mapping[str, ToolSpec]:

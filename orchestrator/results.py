@@ -54,14 +54,22 @@ class _Watch:
 class ResultListener:
     """Watches task results on a Redis result backend; thread-safe, one per process."""
 
-    def __init__(self, url: str, key_for_task: Callable[[str], bytes]) -> None:
+    def __init__(
+        self,
+        url: str,
+        key_for_task: Callable[[str], bytes],
+        connection_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         """
         Args:
             url: Redis URL of the result backend.
             key_for_task: Maps a task id to its result key (Celery's
                 ``backend.get_key_for_task``), which is also its pub/sub channel.
+            connection_kwargs: More ``redis.asyncio`` options (TLS: see
+                :func:`tool_workers.connections.redis_connection_kwargs`).
         """
         self._url = url
+        self._connection_kwargs = connection_kwargs or {}
         self._key_for_task = key_for_task
         self._lock = threading.Lock()
         self._watches: dict[str, _Watch] = {}
@@ -71,6 +79,8 @@ class ResultListener:
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._closed = False
+        self._stopping = threading.Event()
+        self._main_task: asyncio.Task[None] | None = None
         self._catchup: list[bytes] = []
         self._catchup_task: asyncio.Task[None] | None = None
         self.subscribed: set[bytes] = set()
@@ -136,9 +146,17 @@ class ResultListener:
             self._by_channel.clear()
         for watch in watches:
             watch.future.cancel()
+        self._stopping.set()
         if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                self._loop.call_soon_threadsafe(self._cancel_main)
             self._thread.join(timeout=5)
+
+    def _cancel_main(self) -> None:
+        if self._commands is not None:
+            self._commands.put_nowait(("stop", []))
+        if self._main_task is not None:
+            self._main_task.cancel()
 
     # -- the listener thread ------------------------------------------------------------
 
@@ -166,21 +184,21 @@ class ResultListener:
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._commands = asyncio.Queue()
+        self._main_task = loop.create_task(self._main())
         self._started.set()
-        main = loop.create_task(self._main())
         try:
-            loop.run_forever()
+            loop.run_until_complete(asyncio.gather(self._main_task, return_exceptions=True))
         finally:
-            main.cancel()
-            loop.run_until_complete(asyncio.gather(main, return_exceptions=True))
             loop.close()
 
     async def _main(self) -> None:
-        client = aioredis.from_url(self._url, health_check_interval=5, socket_keepalive=True)
+        client = aioredis.from_url(
+            self._url, health_check_interval=5, socket_keepalive=True, **self._connection_kwargs
+        )
         sweeper = asyncio.create_task(self._sweep_forever(client))
         backoff = 0.1
         try:
-            while True:
+            while not self._stopping.is_set():
                 try:
                     await self._listen(client)
                 except (RedisError, OSError) as exc:
@@ -204,7 +222,9 @@ class ResultListener:
             await pubsub.subscribe(b"toolfleet-listener-idle", *channels)
             commands = asyncio.create_task(self._pump_commands(pubsub))
             try:
-                while True:
+                # redis-py may turn a cancellation inside get_message into a timeout, so
+                # the loop also checks the stop flag.
+                while not self._stopping.is_set():
                     if commands.done():
                         commands.result()  # re-raise a connection error
                     message = await pubsub.get_message(timeout=1.0)
@@ -212,19 +232,25 @@ class ResultListener:
                         await self._on_message(client, message)
             finally:
                 commands.cancel()
-                await asyncio.gather(commands, return_exceptions=True)
+                # redis-py can swallow the cancellation of a command in progress: wait a
+                # little, never forever (the pump also stops on the stop flag).
+                await asyncio.wait([commands], timeout=1.0)
         finally:
             await pubsub.aclose()
 
     async def _pump_commands(self, pubsub: Any) -> None:
         assert self._commands is not None
-        while True:
+        while not self._stopping.is_set():
             command, channels = await self._commands.get()
+            if command == "stop":
+                return
             # Coalesce a burst (a fan-out) into one command of each kind.
-            batch = {"subscribe": [], "unsubscribe": []}
+            batch: dict[str, list[bytes]] = {"subscribe": [], "unsubscribe": []}
             batch[command].extend(channels)
             while not self._commands.empty():
                 more_command, more = self._commands.get_nowait()
+                if more_command == "stop":
+                    return
                 batch[more_command].extend(more)
             with self._lock:
                 watched = set(self._by_channel)

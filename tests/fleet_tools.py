@@ -160,3 +160,11 @@ class EchoTool(BaseTool):
 
 
 echo_cls = EchoTool()
+
+
+@tool
+def slow_effect(seconds: float, tag: str = "") -> str:
+    """Sleeps, then records its side effect: a call stopped early records nothing."""
+    time.sleep(seconds)
+    n = record("slow_effect")
+    return f"done {tag} (run {n})"

@@ -10,6 +10,7 @@ from typing import Any
 
 from celery import Celery
 
+from tool_workers.connections import celery_tls_config
 from tool_workers.protocol import task_name
 from tool_workers.settings import Settings, ToolPolicies
 
@@ -73,6 +74,8 @@ def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
         "result_extended": False,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
         "broker_channel_error_retry": True,
+        # rediss:// URLs: the certificate checks of TOOLFLEET_REDIS_SSL_*.
+        **celery_tls_config(settings),
         "worker_consumer": "tool_workers.consumer:ToolfleetConsumer",
     }
 

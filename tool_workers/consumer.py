@@ -27,7 +27,16 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
     """Celery's consumer, plus a failure result for toolfleet calls it cannot decode."""
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
+        """A body that does not decode: Celery logs and acks it; answer the call too."""
         super().on_decode_error(message, exc)
+        self._answer_unreadable(message, exc)
+
+    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+        """Refused content (pickle, YAML) or an invalid task message: answer the call too."""
+        super().on_invalid_task(body, message, exc)
+        self._answer_unreadable(message, exc)
+
+    def _answer_unreadable(self, message: Any, exc: Exception) -> None:
         headers = getattr(message, "headers", None) or {}
         task_id, name = headers.get("id"), headers.get("task")
         if not task_id or not isinstance(name, str) or tool_from_task(name) is None:
@@ -38,5 +47,5 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
         )
         try:
             self.app.backend.mark_as_failure(task_id, reason)
-        except Exception:  # the result store may be down too; the log line above stays
+        except Exception:  # the result store may be down too; the log line stays
             log.exception("could not record the failure of unreadable call %s", task_id)

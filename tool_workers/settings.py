@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -127,7 +127,11 @@ class ToolPolicies(BaseModel):
 class Settings(BaseSettings):
     """Every toolfleet setting. Construct once at process start and pass it down."""
 
-    model_config = SettingsConfigDict(env_prefix="TOOLFLEET_", extra="ignore", frozen=True)
+    # An empty variable (``TOOLFLEET_MODEL=``, as compose passes an unset ``${VAR:-}``)
+    # means "use the default", not "the empty value".
+    model_config = SettingsConfigDict(
+        env_prefix="TOOLFLEET_", extra="ignore", frozen=True, env_ignore_empty=True
+    )
 
     broker_url: str = "redis://127.0.0.1:6379/0"
     """Redis URL of the Celery broker (``redis://``, ``rediss://`` for TLS)."""
@@ -156,16 +160,32 @@ class Settings(BaseSettings):
     redelivery_margin: float = Field(default=30.0, ge=0)
     """Seconds added to the longest time limit and retry delay to get the broker's
     visibility timeout: a call whose worker died is redelivered after that long."""
+    redis_ssl_cert_reqs: Literal["required", "optional", "none"] = "required"
+    """For ``rediss://`` URLs: whether the server's certificate must verify."""
+    redis_ssl_ca_certs: Path | None = None
+    """For ``rediss://`` URLs: CA bundle to verify the server with (default: the system's)."""
+    redis_ssl_certfile: Path | None = None
+    """For ``rediss://`` URLs: client certificate, when the server asks for one (mTLS)."""
+    redis_ssl_keyfile: Path | None = None
+    """For ``rediss://`` URLs: the client certificate's private key."""
     log_json: bool = False
     """Log one JSON object per line."""
+    log_level: str = "INFO"
+    """Level of the orchestrator's log (workers take Celery's ``-l``)."""
     model: str | None = None
     """Chat model of the orchestrator's agent as ``provider:name``; scripted if unset."""
     database_url: str | None = None
     """Postgres URL of the LangGraph checkpointer; the SQLite file below when unset."""
     checkpoint_path: Path = Path("toolfleet-checkpoints.sqlite")
     """SQLite file of the LangGraph checkpointer when no ``database_url`` is set."""
+    api_tokens: Annotated[tuple[str, ...], NoDecode] = Field(default=(), repr=False, exclude=True)
+    """Comma-separated bearer tokens the HTTP service (``toolfleet serve``) accepts."""
+    max_runs: int = Field(default=64, gt=0)
+    """Runs one orchestrator replica executes at once; more are refused with 429."""
+    run_ttl: int = Field(default=604_800, gt=0)
+    """Seconds a finished run's record and event log are kept in Redis."""
 
-    @field_validator("tool_modules", mode="before")
+    @field_validator("tool_modules", "api_tokens", mode="before")
     @classmethod
     def _split_modules(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -94,6 +94,11 @@ def _register(app: Celery, tool: BaseTool, settings: Settings, policy: ToolPolic
         max_retries=policy.retries,
         acks_late=True,
         reject_on_worker_lost=True,
+        # Task events (Flower) carry the result's status, not the result.
+        Request="tool_workers.redaction:ToolCallRequest",
+        # This app's task, with this app's policy: not copied into other apps of the
+        # process (Celery would give them the first app's options).
+        shared=False,
     )
     def run_tool(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
         worker = self.request.hostname or ""

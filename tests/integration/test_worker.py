@@ -31,7 +31,7 @@ pytestmark = pytest.mark.timeout(120)
 
 TEST_TOOLS = {
     "add", "whoami", "sleep_for", "boom", "with_artifact", "blocks", "finish", "hang",
-    "hard_hang", "charge", "touch", "flaky", "opaque_artifact", "echo_cls",
+    "hard_hang", "charge", "touch", "flaky", "opaque_artifact", "echo_cls", "slow_effect",
 }  # fmt: skip
 
 
@@ -145,7 +145,7 @@ def test_any_pool_serves_tools(
 
 def test_pickle_is_refused_and_worker_keeps_serving(shared_fleet: Settings) -> None:
     """Given a pickled message on the tools queue, when the worker receives it, then it is
-    not executed, and the next JSON call is served normally."""
+    not executed (its call is answered with a failure), and the next JSON call is served."""
     app = create_app(shared_fleet)
     pickled_id = task_id_for(f"pickled-{time.monotonic_ns()}")
     request = ToolRequest(tool="add", call_id="p", args={"a": 1, "b": 1}, idempotency_key="p")
@@ -161,7 +161,9 @@ def test_pickle_is_refused_and_worker_keeps_serving(shared_fleet: Settings) -> N
     result = dispatcher.wait(call("add", a=2, b=2), timeout=30)
 
     assert result.content == "4"
-    assert app.backend.get_task_meta(pickled_id)["status"] == "PENDING"  # never ran
+    meta = app.backend.get_task_meta(pickled_id)  # never ran; answered with a failure
+    assert meta["status"] == "FAILURE"
+    assert type(meta["result"]).__name__ == "UnreadableCall"
 
 
 def test_second_dispatch_of_a_call_attaches_to_the_first(

@@ -422,3 +422,56 @@ def test_given_remote_tool_node_in_graph_when_run_then_tool_messages_in_order(
     assert all(meta(m)["worker"] == "in-process" for m in answers)
     assert messages[-1].content == "done"
     assert len(dispatcher.published) == 3 and set(dispatcher.published.values()) == {1}
+
+
+# --- malformed arguments and unanswered calls -------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_malformed_json_arguments_get_error_tool_messages(mode: Mode) -> None:
+    """Given a model message holding only a call whose arguments are not JSON, when the
+    agent runs, then the model gets an error ToolMessage for it and is called again."""
+    bad = AIMessage(
+        content="",
+        invalid_tool_calls=[
+            {"name": "echo", "args": '{"text": ', "id": "bad-1", "error": "unterminated"}
+        ],
+    )
+    model = ScriptedChatModel(script=[bad, AIMessage(content="recovered")])
+    agent = create_agent(
+        model, TOOLS, middleware=[CeleryToolMiddleware(dispatcher=InProcessDispatcher(TOOLS))]
+    )
+
+    payload = {"messages": [("user", "go")]}
+    state = agent.invoke(payload) if mode == "invoke" else asyncio.run(agent.ainvoke(payload))
+
+    (error,) = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    assert error.tool_call_id == "bad-1" and error.status == "error"
+    assert "not valid JSON" in error.content and "Please fix your mistakes." in error.content
+    assert state["messages"][-1].content == "recovered"
+    assert model.calls == 2
+
+
+def test_close_pending_calls_answers_unanswered_calls() -> None:
+    """Given a thread whose run stopped with calls unanswered, when the pending calls are
+    closed, then each gets an error ToolMessage and the thread can continue."""
+    from orchestrator.transcript import close_pending_calls, pending_calls
+
+    calls = tool_calls_message([("echo", {"text": "a"}), ("echo", {"text": "b"})])
+    model = ScriptedChatModel(script=[calls, AIMessage(content="later")])
+    agent = create_agent(
+        model,
+        TOOLS,
+        middleware=[CeleryToolMiddleware(dispatcher=InProcessDispatcher(TOOLS))],
+        checkpointer=InMemorySaver(),
+        interrupt_before=["tools"],
+    )
+    config = {"configurable": {"thread_id": "stopped"}}
+    agent.invoke({"messages": [("user", "go")]}, config)  # stops before the tools run
+    assert len(pending_calls(agent.get_state(config).values)) == 2
+
+    answers = close_pending_calls(agent, config, reason="the run was cancelled")
+
+    assert [a.tool_call_id for a in answers] == [c["id"] for c in calls.tool_calls]
+    assert all(a.status == "error" and "cancelled" in a.content for a in answers)
+    assert pending_calls(agent.get_state(config).values) == []

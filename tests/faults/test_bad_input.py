@@ -1,0 +1,168 @@
+"""Bad input gets a clear error and loses nothing: poison on the queue, oversize calls,
+transient failures retried by Celery."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from orchestrator import dispatcher_for
+from orchestrator.dispatch import PreparedCall
+from orchestrator.local import WorkerProcess
+from tests.conftest import effects, fleet_settings, worker_env
+from tests.faults.conftest import FAULT_POLICY
+from tool_workers.app import create_app
+from tool_workers.protocol import PROTOCOL_VERSION, call_marker_key, task_id_for, task_name
+from tool_workers.settings import Settings
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def direct(tool: str, **args: Any) -> PreparedCall:
+    call_id = f"{tool}-{time.monotonic_ns()}"
+    return PreparedCall(tool=tool, call_id=call_id, args=args, task_id=task_id_for(call_id))
+
+
+def watch_only(settings: Settings, tool: str) -> tuple[Any, PreparedCall]:
+    """A call the dispatcher waits on but does not publish (the test publishes poison)."""
+    dispatcher = dispatcher_for(settings=settings)
+    call = direct(tool)
+    dispatcher._watch([call], None)
+    # Claimed as published, so the waiter does not publish it itself.
+    dispatcher._redis.set(call_marker_key(settings.key_prefix, call.task_id), "sent", ex=600)
+    return dispatcher, call
+
+
+@pytest.fixture(scope="module")
+def fleet(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    """One prefork worker with small byte limits, shared by this module's tests."""
+    workdir = tmp_path_factory.mktemp("bad-input")
+    settings = fleet_settings(
+        redis_url,
+        workdir,
+        config=FAULT_POLICY,
+        redelivery_margin=2.0,
+        max_arg_bytes=2_000,
+        max_result_bytes=500,
+    )
+    worker = WorkerProcess(
+        settings,
+        pool="prefork",
+        concurrency=2,
+        queues=("tools", "prefork"),
+        log_file=workdir / "worker.log",
+        extra_env=worker_env(settings),
+    )
+    with worker:
+        yield settings
+
+
+def publish_raw(settings: Settings, task_id: str, body: Any, **options: Any) -> None:
+    app = create_app(settings)
+    headers = {"task": task_name("add"), "id": task_id, "lang": "py", "argsrepr": "poison"}
+    with app.producer_or_acquire() as producer:
+        producer.publish(body, routing_key="tools", exchange="tools", headers=headers, **options)
+
+
+@pytest.mark.parametrize(
+    "poison",
+    [
+        pytest.param({"serializer": "pickle"}, id="pickle"),
+        pytest.param(
+            {"content_type": "application/json", "content_encoding": "utf-8"}, id="not-json"
+        ),
+        pytest.param(
+            {"content_type": "application/x-yaml", "content_encoding": "utf-8"}, id="yaml"
+        ),
+    ],
+)
+def test_unreadable_message_is_answered_and_worker_keeps_serving(
+    fleet: Settings, poison: dict[str, Any]
+) -> None:
+    """Given a message whose body the worker refuses or cannot decode, when it arrives,
+    then the waiting orchestrator gets an error result, and the worker serves the next
+    call normally."""
+    dispatcher, call = watch_only(fleet, "add")
+    body: Any = b"\x80not json{" if "serializer" not in poison else [[{"a": 1}], {}, {}]
+    publish_raw(fleet, call.task_id, body, **poison)
+
+    result = dispatcher.wait(call, timeout=20)
+    after = dispatcher.wait(direct("add", a=1, b=2), timeout=20)
+
+    assert result.status == "error" and result.error_kind == "protocol"
+    assert "could not read" in result.content
+    assert after.content == "3"
+
+
+@pytest.mark.parametrize(
+    ("request_body", "expected"),
+    [
+        pytest.param({"tool": "add", "args": {}}, "malformed", id="missing-fields"),
+        pytest.param(
+            {
+                "protocol_version": PROTOCOL_VERSION + 1,
+                "tool": "add",
+                "call_id": "x",
+                "idempotency_key": "x",
+                "args": {"a": 1, "b": 1},
+            },
+            "protocol version",
+            id="unknown-version",
+        ),
+        pytest.param("not even a dict", "malformed", id="wrong-shape"),
+    ],
+)
+def test_malformed_request_is_answered(fleet: Settings, request_body: Any, expected: str) -> None:
+    """Given a well-formed Celery message whose toolfleet request is wrong, when the worker
+    runs it, then the model gets a protocol error naming what is wrong."""
+    dispatcher, call = watch_only(fleet, "add")
+    publish_raw(fleet, call.task_id, [[request_body], {}, {}], serializer="json")
+
+    result = dispatcher.wait(call, timeout=20)
+
+    assert result.status == "error" and result.error_kind == "protocol"
+    assert expected in result.content
+
+
+def test_oversize_arguments_are_refused_and_results_truncated(fleet: Settings) -> None:
+    """Given byte limits, when a call's arguments or result exceed them, then oversize
+    arguments are refused with the sizes named and an oversize result is truncated."""
+    dispatcher = dispatcher_for(settings=fleet)
+
+    big_args = dispatcher.wait(direct("echo_cls", text="x" * 5_000), timeout=20)
+    big_result = dispatcher.wait(direct("sleep_for", seconds=0, label="y" * 1_000), timeout=20)
+
+    assert big_args.status == "error" and big_args.error_kind == "too_large"
+    assert "over the limit of 2000 bytes" in big_args.content
+    assert big_result.status == "success"
+    assert "result truncated from" in big_result.content
+    assert len(big_result.content.encode()) < 700
+
+
+def test_transient_failure_is_retried_by_celery(fleet: Settings, counter: Any) -> None:
+    """Given a tool that fails twice with a transient error and a policy of 3 retries,
+    when called, then Celery retries it and the model sees one successful result."""
+    dispatcher = dispatcher_for(settings=fleet)
+    call = direct("flaky", times=2)
+
+    result = dispatcher.wait(call, timeout=30)
+
+    assert result.status == "success"
+    assert result.content == "ok after 3 attempts (attempt 3)"
+    assert effects(counter, fleet, "flaky")[call.task_id] == 3
+
+
+def test_retries_exhausted_give_one_error(fleet: Settings, counter: Any) -> None:
+    """Given a tool failing more often than its retries allow, when called, then after the
+    last retry the model gets one error naming the transient failure."""
+    dispatcher = dispatcher_for(settings=fleet)
+    call = direct("flaky", times=10)
+
+    result = dispatcher.wait(call, timeout=30)
+
+    assert result.status == "error"
+    assert "ConnectionError('transient failure 4')" in result.content
+    assert effects(counter, fleet, "flaky")[call.task_id] == 4

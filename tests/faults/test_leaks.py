@@ -1,0 +1,78 @@
+"""After runs end — finished, failed, cancelled — nothing is left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from langchain.agents import create_agent
+
+from orchestrator import (
+    CeleryToolMiddleware,
+    RunDeadlineExceeded,
+    discover_tools,
+    dispatcher_for,
+    with_deadline,
+)
+from tests.integration.test_agent import one_turn
+from tool_workers.settings import Settings
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_no_subscriptions_futures_or_unexpiring_keys_remain(
+    fault_settings: Callable[..., Settings], start_worker: Callable[..., Any]
+) -> None:
+    """Given sync, async, failing, timed-out and cancelled runs, when they are over, then
+    the orchestrator holds no result subscription or pending future, and every Redis key
+    the runs created expires (only kombu's queue bindings are permanent)."""
+    settings = fault_settings()
+    start_worker(settings, pool="prefork", concurrency=4)
+    dispatcher = dispatcher_for(settings=settings)
+    tools = discover_tools(dispatcher=dispatcher, require=["sleep_for", "boom"], wait=15)
+
+    def agent(calls: list[tuple[str, dict[str, Any]]]) -> Any:
+        return create_agent(
+            one_turn(calls), tools, middleware=[CeleryToolMiddleware(dispatcher=dispatcher)]
+        )
+
+    payload = {"messages": [("user", "go")]}
+    fan_out = [("sleep_for", {"seconds": 0.1, "label": str(i)}) for i in range(20)]
+    agent(fan_out).invoke(payload)
+    asyncio.run(agent(fan_out).ainvoke(payload))
+    agent([("boom", {"reason": "x"}), ("no_such_tool", {})]).invoke(payload)
+    with contextlib.suppress(RunDeadlineExceeded):
+        agent([("sleep_for", {"seconds": 3})] * 3).invoke(payload, with_deadline(0.5))
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(agent([("sleep_for", {"seconds": 3})] * 3).ainvoke(payload))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled())
+
+    assert dispatcher.in_flight() == 0
+    assert dispatcher.listener.pending() == 0
+    assert dispatcher.listener.subscribed == {b"toolfleet-listener-idle"}
+    client = redis.Redis.from_url(settings.broker_url)
+    try:
+        # kombu's ledger of unacknowledged messages empties (and so vanishes) once the
+        # workers have acknowledged the revoked calls; give them a moment.
+        deadline = time.monotonic() + 10
+        while True:
+            keys = list(client.scan_iter(match=f"{settings.namespace}:*", count=1000))
+            lasting = [k for k in keys if client.ttl(k) == -1 and b"_kombu.binding" not in k]
+            if not lasting or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        client.close()
+    assert keys
+    assert lasting == []

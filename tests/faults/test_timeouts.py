@@ -1,0 +1,127 @@
+"""Hung tools, time limits and the whole-run deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+
+from orchestrator import (
+    CeleryToolMiddleware,
+    RunDeadlineExceeded,
+    discover_tools,
+    dispatcher_for,
+    with_deadline,
+)
+from orchestrator.dispatch import PreparedCall
+from tests.conftest import effects
+from tests.faults.conftest import result_state
+from tests.integration.test_agent import one_turn
+from tool_workers.protocol import task_id_for
+from tool_workers.settings import Settings
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def direct(tool: str, **args: Any) -> PreparedCall:
+    call_id = f"{tool}-{time.monotonic_ns()}"
+    return PreparedCall(tool=tool, call_id=call_id, args=args, task_id=task_id_for(call_id))
+
+
+def test_hung_tool_is_stopped_and_its_process_replaced(
+    fault_settings: Callable[..., Settings], start_worker: Callable[..., Any]
+) -> None:
+    """Given a tool that ignores its soft limit, when it hangs, then the hard limit kills
+    its pool process, the model gets an error within limit + 2 s, and the worker keeps
+    serving from a fresh process."""
+    settings = fault_settings()
+    worker = start_worker(settings, pool="prefork", concurrency=1)
+    dispatcher = dispatcher_for(settings=settings)
+    before = dispatcher.wait(direct("whoami"), timeout=30).content
+
+    t0 = time.monotonic()
+    hung = dispatcher.wait(direct("hard_hang", seconds=60), timeout=30)
+    took = time.monotonic() - t0
+    after = dispatcher.wait(direct("whoami"), timeout=30)
+
+    assert hung.status == "error" and "time limit of 2 s" in hung.content
+    assert took < 2 + 2
+    assert after.status == "success"
+    assert after.content != before  # a new pool process
+    assert after.worker == worker.hostname
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_run_deadline_revokes_in_flight_calls(
+    mode: str,
+    fault_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    counter: Any,
+) -> None:
+    """Given a run deadline shorter than its calls, when it passes, then the run raises
+    RunDeadlineExceeded, its in-flight calls are revoked (terminated on prefork) and none
+    of them completes its side effect."""
+    settings = fault_settings()
+    start_worker(settings, pool="prefork", concurrency=3)
+    dispatcher = dispatcher_for(settings=settings)
+    tools = discover_tools(dispatcher=dispatcher, require=["slow_effect"], wait=15)
+    calls = [("slow_effect", {"seconds": 4, "tag": f"d{i}"}) for i in range(3)]
+    agent = create_agent(
+        one_turn(calls), tools, middleware=[CeleryToolMiddleware(dispatcher=dispatcher)]
+    )
+    config = with_deadline(1.5, {"configurable": {"thread_id": f"deadline-{mode}"}})
+    payload = {"messages": [("user", "go")]}
+
+    t0 = time.monotonic()
+    with pytest.raises(RunDeadlineExceeded):
+        if mode == "sync":
+            agent.invoke(payload, config)
+        else:
+            asyncio.run(agent.ainvoke(payload, config))
+    took = time.monotonic() - t0
+    time.sleep(4.5)  # long enough for any surviving call to have finished
+
+    assert took < 1.5 + 2
+    assert effects(counter, settings, "slow_effect") == {}
+    assert dispatcher.in_flight() == 0
+
+
+def test_cancelled_async_run_revokes_its_calls(
+    fault_settings: Callable[..., Settings], start_worker: Callable[..., Any], counter: Any
+) -> None:
+    """Given an async run with calls in flight, when the caller cancels it, then the calls
+    are revoked and terminated: their state is REVOKED and no side effect completes."""
+    settings = fault_settings()
+    start_worker(settings, pool="prefork", concurrency=3)
+    dispatcher = dispatcher_for(settings=settings)
+    tools = discover_tools(dispatcher=dispatcher, require=["slow_effect"], wait=15)
+    calls = [("slow_effect", {"seconds": 4, "tag": f"x{i}"}) for i in range(3)]
+    agent = create_agent(
+        one_turn(calls), tools, middleware=[CeleryToolMiddleware(dispatcher=dispatcher)]
+    )
+    dispatched: list[str] = []
+
+    async def run() -> None:
+        async for chunk in agent.astream({"messages": [("user", "go")]}, stream_mode="custom"):
+            event = chunk.get("toolfleet", {}) if isinstance(chunk, dict) else {}
+            if event.get("event") == "dispatched":
+                dispatched.append(event["task_id"])
+
+    async def cancel_soon() -> None:
+        task = asyncio.ensure_future(run())
+        await asyncio.sleep(1.0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_soon())
+    time.sleep(4.5)
+
+    assert len(dispatched) == 3
+    assert {result_state(settings, t) for t in dispatched} == {"REVOKED"}
+    assert effects(counter, settings, "slow_effect") == {}
+    assert dispatcher.in_flight() == 0
