@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -15,27 +16,64 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from orchestrator.discovery import discover_tools
 from orchestrator.dispatch import Dispatcher
 from orchestrator.middleware import CeleryToolMiddleware
+from orchestrator.scripted import SCRIPTED
+from tool_workers.errors import ConfigError
 from tool_workers.settings import Settings
 
 
 def chat_model(spec: str | None) -> BaseChatModel:
-    """The chat model ``provider:name`` names, or the scripted demo model for ``None``."""
-    if spec is None:
+    """The chat model a model spec (``TOOLFLEET_MODEL``, ``--model``) names.
+
+    * ``None`` or ``toolfleet:scripted``: the deterministic scripted demo model;
+    * ``package.module:attribute`` (a dotted module path): that attribute, a chat model or
+      a function returning one (how tests and custom deployments plug a model in);
+    * anything else, ``provider:name``: ``init_chat_model`` (e.g. ``openai:gpt-4o-mini``).
+
+    Raises:
+        ConfigError: the import path does not lead to a chat model.
+    """
+    if spec is None or spec == SCRIPTED:
         from orchestrator.demo import scripted_model
 
         return scripted_model()
-    from langchain.chat_models import init_chat_model
+    module_name, sep, attribute = spec.partition(":")
+    if not (sep and "." in module_name):  # provider names never contain a dot
+        from langchain.chat_models import init_chat_model
 
-    return init_chat_model(spec)
+        return init_chat_model(spec)
+    try:
+        target = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"model {spec!r}: cannot import it ({exc})") from exc
+    model = target() if callable(target) and not isinstance(target, BaseChatModel) else target
+    if not isinstance(model, BaseChatModel):
+        raise ConfigError(f"model {spec!r} is not a chat model: {type(model)!r}")
+    return model
+
+
+# What langgraph's Postgres savers expect of their connections.
+_PG_CONNECTION_KWARGS: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0}
 
 
 @contextmanager
 def checkpointer(settings: Settings) -> Iterator[BaseCheckpointSaver[Any]]:
-    """A sync checkpointer: Postgres when ``database_url`` is set, else the SQLite file."""
+    """A sync checkpointer: Postgres when ``database_url`` is set, else the SQLite file.
+
+    Postgres connections come from a pool of ``database_pool_size``, so concurrent runs
+    do not queue behind one connection.
+    """
     if settings.database_url:
         from langgraph.checkpoint.postgres import PostgresSaver
+        from psycopg.rows import dict_row
+        from psycopg_pool import ConnectionPool
 
-        with PostgresSaver.from_conn_string(settings.database_url) as saver:
+        with ConnectionPool(
+            conninfo=settings.database_url,
+            max_size=settings.database_pool_size,
+            kwargs=_PG_CONNECTION_KWARGS | {"row_factory": dict_row},
+            open=True,
+        ) as pool:
+            saver = PostgresSaver(pool)
             saver.setup()
             yield saver
         return
@@ -47,13 +85,25 @@ def checkpointer(settings: Settings) -> Iterator[BaseCheckpointSaver[Any]]:
 
 @asynccontextmanager
 async def async_checkpointer(settings: Settings) -> AsyncIterator[BaseCheckpointSaver[Any]]:
-    """An asyncio checkpointer: Postgres when ``database_url`` is set, else SQLite."""
+    """An asyncio checkpointer: Postgres (pooled) when ``database_url`` is set, else SQLite."""
     if settings.database_url:
         from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+        from psycopg.rows import dict_row
+        from psycopg_pool import AsyncConnectionPool
 
-        async with AsyncPostgresSaver.from_conn_string(settings.database_url) as saver:
+        pool = AsyncConnectionPool(
+            conninfo=settings.database_url,
+            max_size=settings.database_pool_size,
+            kwargs=_PG_CONNECTION_KWARGS | {"row_factory": dict_row},
+            open=False,
+        )
+        await pool.open()
+        try:
+            saver = AsyncPostgresSaver(pool)
             await saver.setup()
             yield saver
+        finally:
+            await pool.close()
         return
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 

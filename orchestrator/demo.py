@@ -24,7 +24,7 @@ from orchestrator.discovery import discover_tools
 from orchestrator.fleet import close_all, dispatcher_for
 from orchestrator.local import EmbeddedRedis, WorkerProcess
 from orchestrator.middleware import CeleryToolMiddleware
-from orchestrator.scripted import ScriptedChatModel, tool_calls_message
+from orchestrator.scripted import SCRIPTED, ScriptedChatModel, tool_calls_message
 from tool_workers.settings import DEFAULT_CONFIG_PATH, Settings
 
 DEFAULT_PROMPT = (
@@ -173,16 +173,16 @@ def run_demo(
 
 
 def _chat_model(spec: str | None, workspace: Path | None, console: Console) -> BaseChatModel:
-    if spec is None:
+    if spec is None or spec == SCRIPTED:
         console.print(
             "[yellow]No --model given: using toolfleet's deterministic scripted model "
             "(no API key needed). Pass --model provider:name for a real one.[/]\n"
         )
         return scripted_model(workspace)
-    from langchain.chat_models import init_chat_model
+    from orchestrator.agent import chat_model
 
     console.print(f"model: {spec}\n")
-    return init_chat_model(spec)
+    return chat_model(spec)
 
 
 def run_agent(

@@ -34,6 +34,8 @@ class ToolCallEvents:
         self._context = contextvars.copy_context()
         self._context_lock = threading.Lock()
         self._thread = threading.current_thread()
+        self._order_lock = threading.Lock()
+        self._said_dispatched: set[str] = set()
 
     def _emit(self, event: str, **fields: Any) -> None:
         if self._write is None:
@@ -54,12 +56,23 @@ class ToolCallEvents:
             self._names[call.task_id] = (call.call_id, call.tool)
 
     def dispatched(self, call: PreparedCall) -> None:
-        self._emit("dispatched", tool_call_id=call.call_id, tool=call.tool, task_id=call.task_id)
+        """The call is on the broker (said once, before anything else about it)."""
+        self._dispatched_once(call.task_id)
+
+    def _dispatched_once(self, task_id: str) -> None:
+        with self._order_lock:
+            if task_id in self._said_dispatched:
+                return
+            self._said_dispatched.add(task_id)
+            call_id, tool = self._names.get(task_id, ("", ""))
+            self._emit("dispatched", tool_call_id=call_id, tool=tool, task_id=task_id)
 
     def on_state(self, task_id: str, state: str, meta: dict[str, Any]) -> None:
         """Listener callback: a call's Celery state changed."""
         if state != "STARTED":
             return
+        # A worker can report the start before the publishing thread returns.
+        self._dispatched_once(task_id)
         info = meta.get("result") if isinstance(meta.get("result"), dict) else {}
         call_id, tool = self._names.get(task_id, ("", ""))
         self._emit(

@@ -23,6 +23,9 @@ from pydantic import ConfigDict, PrivateAttr
 
 Step = AIMessage | Callable[[Sequence[BaseMessage]], AIMessage]
 
+SCRIPTED = "toolfleet:scripted"
+"""Model spec naming the scripted demo model (the default when no model is named)."""
+
 
 class ScriptedChatModel(BaseChatModel):
     """Replays ``script`` one step per model call; ``policy`` decides when there is none.

@@ -176,6 +176,8 @@ class Settings(BaseSettings):
     """Chat model of the orchestrator's agent as ``provider:name``; scripted if unset."""
     database_url: str | None = None
     """Postgres URL of the LangGraph checkpointer; the SQLite file below when unset."""
+    database_pool_size: int = Field(default=10, ge=1)
+    """Postgres connections the checkpointer may hold (concurrent runs share them)."""
     checkpoint_path: Path = Path("toolfleet-checkpoints.sqlite")
     """SQLite file of the LangGraph checkpointer when no ``database_url`` is set."""
     api_tokens: Annotated[tuple[str, ...], NoDecode] = Field(default=(), repr=False, exclude=True)

@@ -9,7 +9,6 @@ built with, and rebuilds it (``create_agent`` is cheap) when they differ.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -21,7 +20,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from orchestrator.agent import build_agent, chat_model
 from orchestrator.discovery import RemoteTool
 from orchestrator.dispatch import CeleryDispatcher
-from tool_workers.errors import ConfigError
+from orchestrator.scripted import SCRIPTED
 from tool_workers.protocol import ToolSpec
 from tool_workers.settings import Settings
 
@@ -31,7 +30,6 @@ GRAPH_ID = "agent"
 ASSISTANT_ID = str(uuid.uuid5(uuid.NAMESPACE_URL, f"toolfleet:assistant:{GRAPH_ID}"))
 """Stable assistant id of that agent: the same on every replica."""
 
-SCRIPTED = "toolfleet:scripted"
 """Model spec of the deterministic demo model (also used when no model is set)."""
 
 _STARTED = datetime.now(UTC).isoformat()
@@ -40,27 +38,9 @@ _STARTED = datetime.now(UTC).isoformat()
 def resolve_model(spec: str | None) -> BaseChatModel:
     """The chat model a ``TOOLFLEET_MODEL`` value names.
 
-    * unset or ``toolfleet:scripted``: the scripted demo model;
-    * ``package.module:attribute`` (a dotted module path): that attribute, a chat model or
-      a function returning one (how tests and custom deployments plug a model in);
-    * anything else, ``provider:name``: ``init_chat_model`` (e.g. ``openai:gpt-4o-mini``).
-
-    Raises:
-        ConfigError: the import path does not lead to a chat model.
+    See :func:`orchestrator.agent.chat_model` for the forms a spec takes.
     """
-    if spec is None or spec == SCRIPTED:
-        return chat_model(None)
-    module_name, sep, attribute = spec.partition(":")
-    if not (sep and "." in module_name):
-        return chat_model(spec)  # provider names never contain a dot
-    try:
-        target = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"TOOLFLEET_MODEL={spec!r}: cannot import it ({exc})") from exc
-    model = target() if callable(target) and not isinstance(target, BaseChatModel) else target
-    if not isinstance(model, BaseChatModel):
-        raise ConfigError(f"TOOLFLEET_MODEL={spec!r} is not a chat model: {type(model)!r}")
-    return model
+    return chat_model(spec)
 
 
 def assistant(settings: Settings) -> dict[str, Any]:

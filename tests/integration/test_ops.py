@@ -30,6 +30,7 @@ import pytest
 import redis
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langgraph_sdk import get_sync_client
 
 from orchestrator import CeleryToolMiddleware, ScriptedChatModel, dispatcher_for
 from orchestrator.demo import seed_workspace
@@ -59,6 +60,7 @@ BIN = Path(sys.executable).parent
 """Where this environment's console scripts are (celery, toolfleet)."""
 
 REDIS_PASSWORD = "pw-" + uuid.uuid4().hex
+API_TOKEN = "tok-" + uuid.uuid4().hex
 FLOWER_USER, FLOWER_PASSWORD = "ops", "fl-" + uuid.uuid4().hex
 
 
@@ -130,6 +132,7 @@ class Service:
         self.command += list(command[1:])
         self.env = dict(env)
         self.log = log
+        self.url = ""
         self.process: subprocess.Popen[bytes] | None = None
         self._out: IO[bytes] | None = None
 
@@ -198,6 +201,7 @@ def deployment(tmp_path: Path) -> Iterator[dict[str, Any]]:
         "TOOLFLEET_CONFIG": str(REPO / "config" / "toolfleet.toml"),
         "TOOLFLEET_CHECKPOINT_PATH": str(tmp_path / "data" / "checkpoints.sqlite"),
         "TOOLFLEET_NAMESPACE": new_namespace(),
+        "TOOLFLEET_API_TOKENS": API_TOKEN,
         "TOOLFLEET_REGISTRY_REFRESH": "1",
         "TOOL_WORKER_CONCURRENCY": "2",
         "SANDBOX_WORKER_CONCURRENCY": "1",
@@ -225,7 +229,20 @@ def deployment(tmp_path: Path) -> Iterator[dict[str, Any]]:
                 FLOWER_DB=str(tmp_path / "data" / "flower.db"),
             )
             settings = Settings(**_settings_overrides(local_env(specs["orchestrator"], server.url)))
+
+            def start_orchestrator() -> Service:
+                # The service's command, on a free loopback port instead of 0.0.0.0:8123.
+                port = free_port()
+                swap = {"8123": str(port), "0.0.0.0": "127.0.0.1"}
+                command = [swap.get(part, part) for part in specs["orchestrator"]["command"]]
+                env = local_env(specs["orchestrator"], server.url)
+                service = Service("orchestrator", command, env, tmp_path / "orchestrator.log")
+                service.url = f"http://127.0.0.1:{port}"
+                running.append(service.start(tmp_path))
+                return service
+
             yield {
+                "start_orchestrator": start_orchestrator,
                 "settings": settings,
                 "services": {s.name: s for s in running},
                 "specs": specs,
@@ -284,28 +301,28 @@ def test_compose_deployment_runs_an_agent_and_is_observable(deployment: dict[str
     wait_until(registered, 40, "workers to register")
     wait_until(flower_sees_workers, 20, "Flower to see the workers' heartbeats")
 
-    # When: the orchestrator service's command runs the agent.
-    orchestrator = deployment["specs"]["orchestrator"]
-    run = subprocess.run(
-        [str(BIN / orchestrator["command"][0]), *orchestrator["command"][1:]],
-        env=local_env(orchestrator, deployment["broker_url"]),
-        cwd=deployment["tmp"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    # When: the orchestrator service (the HTTP service) runs an agent turn for a client.
+    orchestrator = deployment["start_orchestrator"]()
+    base = orchestrator.url
+    wait_until(lambda: httpx.get(f"{base}/ok", timeout=2).status_code == 200, 30, "serve")
+    client = get_sync_client(url=base, api_key=API_TOKEN)
+    state = client.runs.wait(
+        None, "agent", input={"messages": [{"role": "user", "content": "Survey the workspace."}]}
     )
-    assert run.returncode == 0, run.stdout + run.stderr + _logs(procs)
-    assert "TODOs are open" in run.stdout
+    final = state["messages"][-1]
+    assert "TODOs are open" in final["content"], state
 
     # Then: each call ran on the pool of its queue.
-    ran_on = dict(re.findall(r"<- (\w+)\s+(\S+@\S+)", run.stdout))
-    assert set(ran_on) == {"list_dir", "grep", "read_file", "run_python", "sleep"}, run.stdout
+    tool_messages = [m for m in state["messages"] if m["type"] == "tool"]
+    ran_on = {m["name"]: m["response_metadata"]["toolfleet"]["worker"] for m in tool_messages}
+    assert set(ran_on) == {"list_dir", "grep", "read_file", "run_python", "sleep"}, ran_on
     assert ran_on.pop("run_python") == "sandbox-worker@sandbox-worker-1"
     assert set(ran_on.values()) <= nodes - {"sandbox-worker@sandbox-worker-1"}
 
     # One JSON line per finished call on the orchestrator's side.
-    calls = [json.loads(line) for line in run.stderr.splitlines() if '"tool call finished"' in line]
-    assert len(calls) == 6
+    served_log = orchestrator.output()
+    calls = [json.loads(line) for line in served_log.splitlines() if '"tool call finished"' in line]
+    assert len(calls) == 6, served_log
     for line in calls:
         assert line["side"] == "orchestrator"
         assert line["tool_call_id"] and line["thread_id"] and line["task_id"]
@@ -366,7 +383,7 @@ def test_compose_deployment_runs_an_agent_and_is_observable(deployment: dict[str
     ]
     status = subprocess.run(
         [str(BIN / "toolfleet"), "status", "--json"],
-        env=local_env(orchestrator, deployment["broker_url"]),
+        env=local_env(deployment["specs"]["orchestrator"], deployment["broker_url"]),
         capture_output=True,
         text=True,
         timeout=30,
@@ -395,7 +412,7 @@ def test_compose_deployment_runs_an_agent_and_is_observable(deployment: dict[str
     succeeded = [line for line in worker_log.splitlines() if "succeeded in" in line]
     assert succeeded and all(re.search(r"s: <(success|error)>", line) for line in succeeded)
     assert "tiny inventory service" not in worker_log  # read_file's result
-    everything = _logs(procs) + run.stdout + run.stderr + status.stdout + status.stderr
+    everything = _logs(procs) + served_log + status.stdout + status.stderr
     assert REDIS_PASSWORD not in everything
     assert FLOWER_PASSWORD not in everything
     client.close()

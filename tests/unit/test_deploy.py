@@ -21,7 +21,7 @@ from tests.compose import (
 from tests.conftest import REPO
 from tool_workers.settings import Settings, ToolPolicies
 
-SECRETS = {"REDIS_PASSWORD": "pw", "FLOWER_BASIC_AUTH": "ops:pw"}
+SECRETS = {"REDIS_PASSWORD": "pw", "FLOWER_BASIC_AUTH": "ops:pw", "TOOLFLEET_API_TOKENS": "t"}
 TOOLFLEET_SERVICES = ("tool-worker", "sandbox-worker", "flower", "orchestrator")
 NOT_IN_IMAGE = {"dev", "bench"}
 """Extras for working on toolfleet (tests, benchmarks), not for running it."""
@@ -173,9 +173,12 @@ def test_every_setting_reaches_the_services_and_is_documented() -> None:
     on and config/.env.example lists it, as it lists every variable compose reads."""
     settings = {f"TOOLFLEET_{name.upper()}" for name in Settings.model_fields}
     shared = load_compose()["x-toolfleet-env"]
+    orchestrator_only = {"TOOLFLEET_API_TOKENS"}  # a secret the workers need not see
     example = env_example()
 
-    assert settings <= set(shared), settings - set(shared)
+    assert settings - orchestrator_only <= set(shared), settings - set(shared)
+    assert orchestrator_only <= set(load_compose()["services"]["orchestrator"]["environment"])
+    assert not orchestrator_only & set(shared)
     assert settings <= set(example), settings - set(example)
     assert variables(load_compose()) <= set(example), variables(load_compose()) - set(example)
 
