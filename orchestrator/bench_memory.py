@@ -23,9 +23,7 @@ from orchestrator.bench_agents import PAYLOAD, RUN_CONFIG, Runner, check_results
 from orchestrator.bench_agents import one_turn_model as model_for
 from orchestrator.bench_measure import rss_bytes
 from orchestrator.dispatch import CeleryDispatcher
-
-IDLE_CHANNEL = b"toolfleet-listener-idle"
-"""The channel the result listener keeps subscribed while idle (orchestrator/results.py)."""
+from orchestrator.results import IDLE_CHANNEL
 
 
 def _measure_one(
@@ -99,7 +97,8 @@ def leaks(dispatchers: Iterable[CeleryDispatcher], settle: float = 5.0) -> dict[
             "in_flight": sum(d.in_flight() for d in dispatchers),
             "pending": sum(d.listener.pending() for d in dispatchers),
             "subscriptions": sum(
-                len(set(d.listener.subscribed) - {IDLE_CHANNEL}) for d in dispatchers
+                len(set(d.listener.subscribed) - {IDLE_CHANNEL, d.listener.reply_channel})
+                for d in dispatchers
             ),
         }
         if not any(counts.values()) or time.monotonic() > deadline:

@@ -57,11 +57,26 @@ def messages_of(state: Any) -> list[Any]:
     return list(getattr(state, "messages", None) or [])
 
 
+_CALL_IDS: dict[int, tuple[AIMessage, frozenset[str]]] = {}
+"""Call ids of recently seen AIMessages (by object id; the message is kept to pin the id)."""
+
+
+def _call_ids(message: AIMessage) -> frozenset[str]:
+    # Each Send task of an N-call fan-out looks up its call: index the message once.
+    cached = _CALL_IDS.get(id(message))
+    if cached is not None and cached[0] is message:
+        return cached[1]
+    ids = frozenset(tc["id"] for tc in message.tool_calls if tc.get("id"))
+    if len(_CALL_IDS) > 256:
+        _CALL_IDS.clear()
+    _CALL_IDS[id(message)] = (message, ids)
+    return ids
+
+
 def owning_message(state: Any, call_id: str) -> AIMessage | None:
+    """The AIMessage in ``state`` that made the call ``call_id`` (the latest one)."""
     for message in reversed(messages_of(state)):
-        if isinstance(message, AIMessage) and any(
-            tc.get("id") == call_id for tc in message.tool_calls
-        ):
+        if isinstance(message, AIMessage) and message.tool_calls and call_id in _call_ids(message):
             return message
     return None
 

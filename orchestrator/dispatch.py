@@ -18,6 +18,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -106,11 +107,13 @@ class CeleryDispatcher:
         self.settings = settings
         self._redis = redis_client(settings.backend_url, settings)
         self._registry = RegistryView(redis_client(settings.broker_url, settings), settings)
-        self._publisher = Publisher(app, settings, self._redis)
+        reply_channel = f"{settings.key_prefix}reply:{uuid.uuid4().hex}"
+        self._publisher = Publisher(app, settings, self._redis, reply_to=reply_channel)
         self.listener = ResultListener(
             settings.backend_url,
             app.backend.get_key_for_task,
             redis_connection_kwargs(settings.backend_url, settings),
+            reply_channel=reply_channel,
         )
         self._lock = threading.Lock()
         self._futures: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}
@@ -198,7 +201,8 @@ class CeleryDispatcher:
             fresh = [c for c in calls if c.task_id not in self._futures]
             if not fresh:
                 return []
-            futures = self.listener.watch([c.task_id for c in fresh], on_state)
+            # Published with this process's reply channel: no channel per call.
+            futures = self.listener.watch([c.task_id for c in fresh], on_state, subscribe=False)
             self._futures.update(futures)
             self._calls.update((c.task_id, c) for c in fresh)
         for task_id, future in futures.items():
@@ -221,7 +225,13 @@ class CeleryDispatcher:
 
     def _publish(self, calls: Sequence[PreparedCall]) -> None:
         try:
-            self._publisher.publish(calls)
+            if not self.listener.wait_ready():
+                raise DispatchError("the result listener could not subscribe its reply channel")
+            attached = self._publisher.publish(calls)
+            if attached:
+                # Published by someone else, with their reply channel: watch these on the
+                # calls' own channels.
+                self.listener.subscribe([c.task_id for c in attached])
         except Exception as exc:
             for call in calls:
                 self._forget(call.task_id)
@@ -243,7 +253,7 @@ class CeleryDispatcher:
         try:
             if self._publisher.abandoned(call):
                 log.warning("call %s was claimed but never published; publishing it", call.task_id)
-                self._publisher.publish([call])
+                self.listener.subscribe([c.task_id for c in self._publisher.publish([call])])
         except redis.RedisError as exc:  # Redis restarting: check again next interval
             log.warning("could not check call %s: %r", call.task_id, exc)
 
@@ -287,15 +297,15 @@ class CeleryDispatcher:
                 step = CHECK_INTERVAL
                 if deadline is not None:
                     step = min(step, max(deadline - loop.time(), 0.0))
-                try:
-                    meta = await asyncio.wait_for(asyncio.shield(future), step)
+                # asyncio.wait, unlike wait_for, neither wraps the future in a task nor
+                # cancels it on a timeout.
+                await asyncio.wait((future,), timeout=step)
+                if future.done():
+                    meta = future.result()
                     break
-                except TimeoutError:
-                    if deadline is not None and loop.time() >= deadline:
-                        raise ResultTimeout(
-                            f"no result for {call.tool} call {call.call_id}"
-                        ) from None
-                    await loop.run_in_executor(self._publish_pool, self._still_owned, call)
+                if deadline is not None and loop.time() >= deadline:
+                    raise ResultTimeout(f"no result for {call.tool} call {call.call_id}")
+                await loop.run_in_executor(self._publish_pool, self._still_owned, call)
         finally:
             self._forget(call.task_id)
         return result_from_meta(meta, call.tool, call.spec)

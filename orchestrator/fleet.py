@@ -8,7 +8,7 @@ from typing import Any
 from celery import Celery
 
 from orchestrator.dispatch import CeleryDispatcher
-from tool_workers.app import create_app
+from tool_workers.app import backend_url_of, create_app
 from tool_workers.settings import Settings
 
 _lock = threading.Lock()
@@ -50,6 +50,7 @@ def _settings_for_app(app: Celery, settings: Settings) -> Settings:
     overrides: dict[str, Any] = {}
     if app.conf.broker_url:
         overrides["broker_url"] = app.conf.broker_url
-    if isinstance(app.conf.result_backend, str) and app.conf.result_backend:
-        overrides["result_backend"] = app.conf.result_backend
+    backend_url = backend_url_of(app)
+    if backend_url:
+        overrides["result_backend"] = backend_url
     return settings.model_copy(update=overrides) if overrides else settings

@@ -36,15 +36,18 @@ CLAIM_RETRY_SECONDS = 10.0
 class Publisher:
     """Claims and publishes calls through one Celery app and one Redis client."""
 
-    def __init__(self, app: Celery, settings: Settings, client: redis.Redis) -> None:
+    def __init__(
+        self, app: Celery, settings: Settings, client: redis.Redis, reply_to: str | None = None
+    ) -> None:
         self.app = app
+        self._reply_to = reply_to or app.thread_oid
         self._client = client
         self._prefix = settings.key_prefix
         self._expires = settings.result_expires
         self._sender = app.amqp.send_task_message
 
-    def publish(self, calls: Sequence[PreparedCall]) -> int:
-        """Publish every call nobody has claimed yet; returns how many were published.
+    def publish(self, calls: Sequence[PreparedCall]) -> list[PreparedCall]:
+        """Publish every call nobody has claimed yet; returns the others (attached to).
 
         Raises:
             redis.RedisError, kombu's OperationalError: the broker refused the messages
@@ -53,8 +56,10 @@ class Publisher:
         mine = self._claim(calls)
         if len(mine) < len(calls):
             log.info("%d call(s) already dispatched; attaching", len(calls) - len(mine))
+        claimed = {c.task_id for c in mine}
+        attached = [c for c in calls if c.task_id not in claimed]
         if not mine:
-            return 0
+            return attached
         try:
             self._send(mine)
         except Exception:
@@ -64,7 +69,7 @@ class Publisher:
             for call in mine:
                 pipe.set(self._marker(call), "sent", ex=self._expires)
             pipe.execute()
-        return len(mine)
+        return attached
 
     def abandoned(self, call: PreparedCall) -> bool:
         """True when ``call`` has neither a claim nor a result: nobody will publish it."""
@@ -110,7 +115,7 @@ class Publisher:
                     name,
                     (call.request().model_dump(mode="json"),),
                     {},
-                    reply_to=self.app.thread_oid,
+                    reply_to=self._reply_to,
                     argsrepr=_argsrepr(call),
                     kwargsrepr="{}",
                 )

@@ -34,6 +34,9 @@ log = logging.getLogger("toolfleet.results")
 READY_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
 """Celery states after which a task's result no longer changes."""
 
+IDLE_CHANNEL = b"toolfleet-listener-idle"
+"""Subscribed when there is no reply channel, so the pub/sub connection always exists."""
+
 SWEEP_INTERVAL = 2.0
 """Seconds between re-reads of pending results (covers messages missed during outages)."""
 
@@ -49,6 +52,7 @@ class _Watch:
     waiters: int = 1
     on_state: list[StateCallback] = field(default_factory=list)
     last_state: str | None = None
+    own_channel: bool = True
 
 
 class ResultListener:
@@ -59,6 +63,7 @@ class ResultListener:
         url: str,
         key_for_task: Callable[[str], bytes],
         connection_kwargs: dict[str, Any] | None = None,
+        reply_channel: str | None = None,
     ) -> None:
         """
         Args:
@@ -67,7 +72,12 @@ class ResultListener:
                 ``backend.get_key_for_task``), which is also its pub/sub channel.
             connection_kwargs: More ``redis.asyncio`` options (TLS: see
                 :func:`tool_workers.connections.redis_connection_kwargs`).
+            reply_channel: This process's reply channel: calls published with it as
+                ``reply_to`` report every state there, so they need no channel of their
+                own. ``None``: every call is watched on its own channel.
         """
+        self.reply_channel = reply_channel.encode() if reply_channel else None
+        self._reply_ready = threading.Event()
         self._url = url
         self._connection_kwargs = connection_kwargs or {}
         self._key_for_task = key_for_task
@@ -89,14 +99,28 @@ class ResultListener:
     # -- public API, callable from any thread ------------------------------------------
 
     def watch(
-        self, task_ids: Iterable[str], on_state: StateCallback | None = None
+        self,
+        task_ids: Iterable[str],
+        on_state: StateCallback | None = None,
+        *,
+        subscribe: bool = True,
     ) -> dict[str, concurrent.futures.Future[dict[str, Any]]]:
         """Futures resolving to each task's Celery meta once it is ready.
 
         Watching a task that is already watched shares its future. Call :meth:`release`
         once per watch when the result is no longer wanted.
+
+        Args:
+            task_ids: The tasks.
+            on_state: Called on every state change (from the listener thread).
+            subscribe: Subscribe to each task's own channel. Pass ``False`` for calls
+                about to be published with :attr:`reply_channel` as their ``reply_to``
+                (see :meth:`subscribe` for the ones that turn out to be published by
+                someone else).
         """
         self._ensure_started()
+        if not subscribe and self.reply_channel is None:
+            subscribe = True
         futures: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}
         new: list[bytes] = []
         with self._lock:
@@ -104,10 +128,11 @@ class ResultListener:
                 watch = self._watches.get(task_id)
                 if watch is None:
                     channel = self._key_for_task(task_id)
-                    watch = _Watch(concurrent.futures.Future(), channel)
+                    watch = _Watch(concurrent.futures.Future(), channel, own_channel=subscribe)
                     self._watches[task_id] = watch
                     self._by_channel[channel] = task_id
-                    new.append(channel)
+                    if subscribe:
+                        new.append(channel)
                 else:
                     watch.waiters += 1
                 if on_state is not None:
@@ -116,6 +141,23 @@ class ResultListener:
         if new:
             self._send("subscribe", new)
         return futures
+
+    def subscribe(self, task_ids: Iterable[str]) -> None:
+        """Also watch these (already watched) tasks on their own channels."""
+        channels: list[bytes] = []
+        with self._lock:
+            for task_id in task_ids:
+                watch = self._watches.get(task_id)
+                if watch is not None and not watch.own_channel:
+                    watch.own_channel = True
+                    channels.append(watch.channel)
+        if channels:
+            self._send("subscribe", channels)
+
+    def wait_ready(self, timeout: float = 10.0) -> bool:
+        """Block until the reply channel is subscribed (nothing published to it is lost)."""
+        self._ensure_started()
+        return self.reply_channel is None or self._reply_ready.wait(timeout)
 
     def release(self, task_id: str) -> None:
         """Drop one watch of ``task_id``; the last one unsubscribes."""
@@ -130,7 +172,8 @@ class ResultListener:
             self._by_channel.pop(watch.channel, None)
         if not watch.future.done():
             watch.future.cancel()
-        self._send("unsubscribe", [watch.channel])
+        if watch.own_channel:
+            self._send("unsubscribe", [watch.channel])
 
     def pending(self) -> int:
         """How many task results are watched now."""
@@ -204,6 +247,7 @@ class ResultListener:
                 except (RedisError, OSError) as exc:
                     log.warning("result pub/sub connection lost (%r); reconnecting", exc)
                     self.subscribed.clear()
+                    self._reply_ready.clear()
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 2.0)
                 else:
@@ -217,9 +261,9 @@ class ResultListener:
         pubsub = client.pubsub()
         try:
             with self._lock:
-                channels = [w.channel for w in self._watches.values()]
-            # Subscribe to something even when idle, so the reader has a connection.
-            await pubsub.subscribe(b"toolfleet-listener-idle", *channels)
+                channels = [w.channel for w in self._watches.values() if w.own_channel]
+            # The reply channel, or something to keep the connection when idle.
+            await pubsub.subscribe(self.reply_channel or IDLE_CHANNEL, *channels)
             commands = asyncio.create_task(self._pump_commands(pubsub))
             try:
                 # redis-py may turn a cancellation inside get_message into a timeout, so
@@ -264,7 +308,16 @@ class ResultListener:
     async def _on_message(self, client: aioredis.Redis, message: dict[str, Any]) -> None:
         kind = message["type"]
         channel = message["channel"]
-        if kind == "subscribe":
+        if kind == "subscribe" and channel == self.reply_channel:
+            self.subscribed.add(channel)
+            self._reply_ready.set()
+            # After a reconnect: states published while the connection was down.
+            with self._lock:
+                pending = [w.channel for w in self._watches.values() if not w.own_channel]
+            self._catchup.extend(pending)
+            if pending and (self._catchup_task is None or self._catchup_task.done()):
+                self._catchup_task = asyncio.create_task(self._read_catchup(client))
+        elif kind == "subscribe":
             self.subscribed.add(channel)
             # Anything stored before the subscription took effect is in the key: read
             # those keys once, in one MGET for the whole burst of confirmations.
@@ -273,6 +326,8 @@ class ResultListener:
                 self._catchup_task = asyncio.create_task(self._read_catchup(client))
         elif kind == "unsubscribe":
             self.subscribed.discard(channel)
+        elif kind == "message" and channel == self.reply_channel:
+            self._deliver_reply(message["data"])
         elif kind == "message":
             with self._lock:
                 task_id = self._by_channel.get(channel)
@@ -311,6 +366,16 @@ class ResultListener:
             for (task_id, _), raw in zip(due, values, strict=True):
                 self._deliver(task_id, raw)
 
+    def _deliver_reply(self, raw: bytes) -> None:
+        try:
+            meta = json.loads(raw)
+        except ValueError:
+            log.error("unreadable state on the reply channel")
+            return
+        task_id = meta.get("task_id") if isinstance(meta, dict) else None
+        if isinstance(task_id, str):
+            self._apply(task_id, meta)
+
     def _deliver(self, task_id: str, raw: bytes | None) -> None:
         if raw is None:
             return
@@ -319,6 +384,9 @@ class ResultListener:
         except ValueError:
             log.error("unreadable result for task %s", task_id)
             return
+        self._apply(task_id, meta)
+
+    def _apply(self, task_id: str, meta: dict[str, Any]) -> None:
         state = meta.get("status")
         with self._lock:
             watch = self._watches.get(task_id)

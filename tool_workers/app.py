@@ -14,6 +14,8 @@ from tool_workers.connections import celery_tls_config
 from tool_workers.protocol import task_name
 from tool_workers.settings import Settings, ToolPolicies
 
+BACKEND_CLASS = "tool_workers.backend:ToolfleetRedisBackend"
+
 REDELIVERY_MARGIN = 30.0
 """Seconds added to the longest time limit to get the broker's visibility timeout."""
 
@@ -47,7 +49,8 @@ def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
     routes = {task_name(name): {"queue": policies.for_tool(name).queue} for name in policies.tools}
     return {
         "broker_url": settings.broker_url,
-        "result_backend": settings.backend_url,
+        # Celery's Redis backend with atomic stores and reply-channel publishing.
+        "result_backend": f"{BACKEND_CLASS}+{settings.backend_url}",
         "broker_transport_options": transport,
         "result_backend_transport_options": backend_transport,
         "broker_connection_retry_on_startup": True,
@@ -67,7 +70,8 @@ def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
         # it back to the broker.
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
-        "task_track_started": True,
+        # The task records STARTED itself, in the round trip that counts its start.
+        "task_track_started": False,
         "task_time_limit": policies.defaults.time_limit,
         "worker_prefetch_multiplier": settings.prefetch_multiplier,
         "result_expires": settings.result_expires,
@@ -97,3 +101,14 @@ def create_app(
     app = Celery(main, set_as_current=False)
     app.conf.update(celery_config(settings, policies))
     return app
+
+
+def backend_url_of(app: Celery) -> str | None:
+    """The Redis URL of ``app``'s result backend (without a backend class prefix)."""
+    configured = app.conf.result_backend
+    if not isinstance(configured, str) or not configured:
+        return None
+    scheme, sep, _ = configured.partition("://")
+    if sep and "+" in scheme:
+        return configured.split("+", 1)[1]
+    return configured

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery.app.task import Context
 from celery.worker.consumer import Consumer
 
 from tool_workers.protocol import tool_from_task
@@ -45,7 +46,9 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
             f"the message of this call could not be read ({type(exc).__name__}: {exc}); "
             f"content type {message.content_type!r}"
         )
+        # The reply channel the call was sent with, so its orchestrator hears at once.
+        request = Context(id=task_id, reply_to=(message.properties or {}).get("reply_to"))
         try:
-            self.app.backend.mark_as_failure(task_id, reason)
+            self.app.backend.mark_as_failure(task_id, reason, request=request, call_errbacks=False)
         except Exception:  # the result store may be down too; the log line stays
             log.exception("could not record the failure of unreadable call %s", task_id)

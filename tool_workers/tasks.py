@@ -9,13 +9,15 @@ shows in Flower.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
-from celery import Celery, Task
+from celery import Celery, Task, states
 from langchain_core.tools import BaseTool
 from pydantic import ValidationError
 
+from tool_workers.backend import ToolfleetRedisBackend
 from tool_workers.execute import Limits, TransientToolError, error_text, run_call
 from tool_workers.protocol import (
     PROTOCOL_VERSION,
@@ -198,12 +200,18 @@ def _check_delivery(
     so ``starts - attempt`` is how many times a worker died under this call.
     """
     task_id = task.request.id
-    client = task.backend.client
+    backend = task.backend
     key = run_marker_key(key_prefix, task_id)
-    with client.pipeline(transaction=True) as pipe:
+    started = {"pid": os.getpid(), "hostname": worker}
+    # One round trip: count the start and record (and announce) STARTED.
+    with backend.client.pipeline(transaction=False) as pipe:
         pipe.incr(key)
         pipe.expire(key, expires)
-        starts, _ = pipe.execute()
+        if isinstance(backend, ToolfleetRedisBackend):
+            backend.store_in(pipe, task_id, started, states.STARTED, request=task.request)
+        starts = pipe.execute()[0]
+    if not isinstance(backend, ToolfleetRedisBackend):
+        backend.store_result(task_id, started, states.STARTED, request=task.request)
     crashes = int(starts) - attempt
     if crashes <= 0:
         return None

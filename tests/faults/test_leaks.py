@@ -60,7 +60,7 @@ def test_no_subscriptions_futures_or_unexpiring_keys_remain(
 
     assert dispatcher.in_flight() == 0
     assert dispatcher.listener.pending() == 0
-    assert dispatcher.listener.subscribed == {b"toolfleet-listener-idle"}
+    assert dispatcher.listener.subscribed == {dispatcher.listener.reply_channel}
     client = redis.Redis.from_url(settings.broker_url)
     try:
         # kombu's ledger of unacknowledged messages empties (and so vanishes) once the

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tool_workers.app import celery_config, create_app, visibility_timeout
+from tool_workers.app import BACKEND_CLASS, celery_config, create_app, visibility_timeout
 from tool_workers.errors import ConfigError
 from tool_workers.protocol import DEFAULT_QUEUE
 from tool_workers.settings import Settings, ToolPolicies, ToolPolicy
@@ -195,7 +195,8 @@ def test_given_settings_when_config_built_then_json_only_and_late_acks(
     assert config["task_serializer"] == config["result_serializer"] == "json"
     assert config["task_acks_late"] is True
     assert config["task_reject_on_worker_lost"] is True
-    assert config["broker_url"] == config["result_backend"] == "redis://b:6379/0"
+    assert config["broker_url"] == "redis://b:6379/0"
+    assert config["result_backend"] == f"{BACKEND_CLASS}+redis://b:6379/0"
     assert config["broker_transport_options"]["visibility_timeout"] == visibility_timeout(policies)
 
 
