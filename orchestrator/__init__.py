@@ -10,10 +10,11 @@ Example::
 
 from __future__ import annotations
 
+from orchestrator.deadline import with_deadline
 from orchestrator.discovery import RemoteTool, discover_tools
 from orchestrator.dispatch import CeleryDispatcher, Dispatcher, PreparedCall
 from orchestrator.fleet import dispatcher_for
-from orchestrator.middleware import CeleryToolMiddleware, with_deadline
+from orchestrator.middleware import CeleryToolMiddleware
 from orchestrator.node import RemoteToolNode
 from orchestrator.scripted import ScriptedChatModel
 from orchestrator.transcript import aclose_pending_calls, close_pending_calls

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,6 +11,8 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from orchestrator.dispatch import PreparedCall
 from tool_workers.protocol import ToolResult, ToolSpec, call_key, task_id_for
+
+log = logging.getLogger("toolfleet.orchestrator")
 
 
 def prepare(request: ToolCallRequest, spec: ToolSpec) -> PreparedCall:
@@ -103,3 +106,37 @@ def to_message(call: PreparedCall, result: ToolResult) -> ToolMessage:
             }
         },
     )
+
+
+def answer_invalid_calls(state: Any) -> dict[str, Any] | None:
+    """Error ToolMessages for the last AIMessage's ``invalid_tool_calls`` (state update).
+
+    Jumps back to the model when the message made no valid call.
+    """
+    messages = messages_of(state)
+    last = messages[-1] if messages else None
+    if not isinstance(last, AIMessage) or not last.invalid_tool_calls:
+        return None
+    answered = answered_ids(state)
+    errors = [
+        ToolMessage(
+            content=(
+                f"Error: the arguments of your call to '{bad.get('name')}' are not "
+                f"valid JSON ({bad.get('error') or 'unparseable'}): {bad.get('args')!r}\n"
+                " Please fix your mistakes."
+            ),
+            name=bad.get("name") or "invalid_tool_call",
+            tool_call_id=bad["id"],
+            status="error",
+            response_metadata={"toolfleet": {"error_kind": "invalid_args"}},
+        )
+        for bad in last.invalid_tool_calls
+        if bad.get("id") and bad["id"] not in answered
+    ]
+    if not errors:
+        return None
+    log.warning("%d tool call(s) with malformed arguments answered with errors", len(errors))
+    update: dict[str, Any] = {"messages": errors}
+    if not last.tool_calls:
+        update["jump_to"] = "model"
+    return update

@@ -32,7 +32,7 @@ from orchestrator.registry_view import RegistryView
 from orchestrator.results import ResultListener, StateCallback
 from tool_workers.connections import redis_client, redis_connection_kwargs
 from tool_workers.errors import DispatchError, ResultTimeout
-from tool_workers.protocol import ToolRequest, ToolResult, ToolSpec
+from tool_workers.protocol import Injected, ToolRequest, ToolResult, ToolSpec
 from tool_workers.settings import Settings
 
 log = logging.getLogger("toolfleet.dispatch")
@@ -56,6 +56,10 @@ class PreparedCall:
     run_id: str | None = None
     queue: str | None = None
     spec: ToolSpec | None = field(default=None, compare=False)
+    injected: Injected | None = field(default=None, compare=False)
+    """Graph context the tool declared it needs."""
+    attempt: int = 0
+    """0 for the first dispatch; n for the n-th time an outer middleware retries the call."""
 
     def request(self) -> ToolRequest:
         """The wire request for this call."""
@@ -66,7 +70,14 @@ class PreparedCall:
             idempotency_key=self.task_id,
             thread_id=self.thread_id,
             run_id=self.run_id,
+            injected=self.injected,
+            progress=True,
         )
+
+
+def _idle_timeout(call: PreparedCall) -> float | None:
+    value = call.spec.options.get("idle_timeout") if call.spec is not None else None
+    return float(value) if value else None
 
 
 @dataclass
@@ -260,6 +271,9 @@ class CeleryDispatcher:
     def wait(self, call: PreparedCall, timeout: float | None = None) -> ToolResult:
         """Block until the call's result is in.
 
+        A call whose policy has an ``idle_timeout`` and that shows no life (progress,
+        heartbeats) for that long once started is revoked and answered as hung.
+
         Raises:
             ResultTimeout: no result within ``timeout`` seconds.
         """
@@ -267,48 +281,72 @@ class CeleryDispatcher:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
-                step = CHECK_INTERVAL
-                if deadline is not None:
-                    step = min(step, max(deadline - time.monotonic(), 0.0))
                 try:
-                    meta = future.result(step)
+                    meta = future.result(self._step(call, deadline, time.monotonic()))
                     break
                 except concurrent.futures.TimeoutError:
                     if deadline is not None and time.monotonic() >= deadline:
                         raise ResultTimeout(
                             f"no result for {call.tool} call {call.call_id}"
                         ) from None
+                    hung = self._hung(call)
+                    if hung is not None:
+                        return hung
                     self._still_owned(call)
         finally:
             self._forget(call.task_id)
         return result_from_meta(meta, call.tool, call.spec)
 
     async def wait_async(self, call: PreparedCall, timeout: float | None = None) -> ToolResult:
-        """Await the call's result on the running event loop.
+        """Await the call's result on the running event loop (see :meth:`wait`).
 
         Raises:
             ResultTimeout: no result within ``timeout`` seconds.
         """
         future = asyncio.wrap_future(self._future(call))
         loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
-                step = CHECK_INTERVAL
-                if deadline is not None:
-                    step = min(step, max(deadline - loop.time(), 0.0))
                 # asyncio.wait, unlike wait_for, neither wraps the future in a task nor
                 # cancels it on a timeout.
-                await asyncio.wait((future,), timeout=step)
+                await asyncio.wait((future,), timeout=self._step(call, deadline, time.monotonic()))
                 if future.done():
                     meta = future.result()
                     break
-                if deadline is not None and loop.time() >= deadline:
+                if deadline is not None and time.monotonic() >= deadline:
                     raise ResultTimeout(f"no result for {call.tool} call {call.call_id}")
+                hung = self._hung(call)
+                if hung is not None:
+                    return hung
                 await loop.run_in_executor(self._publish_pool, self._still_owned, call)
         finally:
             self._forget(call.task_id)
         return result_from_meta(meta, call.tool, call.spec)
+
+    @staticmethod
+    def _step(call: PreparedCall, deadline: float | None, now: float) -> float:
+        step = CHECK_INTERVAL
+        idle = _idle_timeout(call)
+        if idle is not None:
+            step = min(step, max(idle / 4, 0.05))
+        if deadline is not None:
+            step = min(step, max(deadline - now, 0.0))
+        return step
+
+    def _hung(self, call: PreparedCall) -> ToolResult | None:
+        """An error result when a started call outlived its idle timeout (it is revoked)."""
+        idle = _idle_timeout(call)
+        last = self.listener.last_activity(call.task_id) if idle is not None else None
+        if idle is None or last is None or time.monotonic() - last < idle:
+            return None
+        log.warning("call %s to %s silent for %gs: revoking it", call.call_id, call.tool, idle)
+        self.cancel([call], terminate=True)
+        return ToolResult.error(
+            "hung",
+            f"Error: the tool '{call.tool}' showed no progress for {idle:g} s (its idle "
+            "timeout) and was stopped.\n Please fix your mistakes.",
+        )
 
     def _forget(self, task_id: str) -> None:
         with self._lock:
@@ -329,6 +367,17 @@ class CeleryDispatcher:
             log.warning("could not revoke %d call(s): %r", len(ids), exc)
         for task_id in ids:
             self._forget(task_id)
+
+    def note_placement(self, table: Mapping[str, Mapping[str, str]]) -> None:
+        """Publish an agent's tool placement for ``toolfleet status`` (best effort)."""
+        from orchestrator.placement import placement_key, placement_record
+
+        try:
+            self._redis.set(
+                placement_key(self.settings.key_prefix), placement_record(table), ex=3600
+            )
+        except redis.RedisError as exc:
+            log.warning("could not publish the tool placement: %r", exc)
 
     def in_flight(self) -> int:
         """Calls this process is waiting on."""

@@ -11,7 +11,10 @@ from typing import Any
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from orchestrator.dispatch import PreparedCall
+from orchestrator.results import PROGRESS
+from tool_workers.progress import HEARTBEAT
 from tool_workers.protocol import ToolResult
+from tool_workers.wire_json import from_wire
 
 log = logging.getLogger("toolfleet.orchestrator")
 
@@ -40,7 +43,11 @@ class ToolCallEvents:
     def _emit(self, event: str, **fields: Any) -> None:
         if self._write is None:
             return
-        payload = {"toolfleet": {"event": event, "ts": time.time(), **fields}}
+        self._write_payload({"toolfleet": {"event": event, "ts": time.time(), **fields}})
+
+    def _write_payload(self, payload: Any) -> None:
+        if self._write is None:
+            return
         try:
             if threading.current_thread() is self._thread:
                 self._write(payload)
@@ -68,7 +75,10 @@ class ToolCallEvents:
             self._emit("dispatched", tool_call_id=call_id, tool=tool, task_id=task_id)
 
     def on_state(self, task_id: str, state: str, meta: dict[str, Any]) -> None:
-        """Listener callback: a call's Celery state changed."""
+        """Listener callback: a call's Celery state changed, or it reported progress."""
+        if state == PROGRESS:
+            self._progress(task_id, meta.get("progress") or [])
+            return
         if state != "STARTED":
             return
         # A worker can report the start before the publishing thread returns.
@@ -83,6 +93,20 @@ class ToolCallEvents:
             worker=info.get("hostname"),
             pid=info.get("pid"),
         )
+
+    def _progress(self, task_id: str, events: list[Any]) -> None:
+        """A remote tool's own stream-writer events, tagged with its ``tool_call_id``."""
+        call_id, _ = self._names.get(task_id, ("", ""))
+        for event in events:
+            if event == HEARTBEAT:
+                continue
+            data = from_wire(event)
+            payload = (
+                {**data, "tool_call_id": data.get("tool_call_id", call_id)}
+                if isinstance(data, dict)
+                else {"tool_call_id": call_id, "data": data}
+            )
+            self._write_payload(payload)
 
     def cancelled(self, call: PreparedCall) -> None:
         self._emit("cancelled", tool_call_id=call.call_id, tool=call.tool, task_id=call.task_id)

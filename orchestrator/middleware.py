@@ -24,28 +24,36 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware, hook_config
-from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.messages import ToolMessage
+from langchain_core.tools import BaseTool
 from langgraph.prebuilt.tool_node import INVALID_TOOL_NAME_ERROR_TEMPLATE, ToolCallRequest
 from langgraph.types import Command
 
 from orchestrator.calllog import log_finished
 from orchestrator.calls import (
+    answer_invalid_calls,
     answered_ids,
-    messages_of,
     owning_message,
     prepare,
     prepare_raw,
     to_message,
 )
+from orchestrator.deadline import _remaining, run_deadline
 from orchestrator.dispatch import Dispatcher, PreparedCall
+from orchestrator.eager import eager_is_safe, edited, hitl_edits
 from orchestrator.events import ToolCallEvents
 from orchestrator.fleet import dispatcher_for
-from tool_workers.errors import ResultTimeout, RunDeadlineExceeded
-from tool_workers.protocol import ToolSpec, task_id_for
+from orchestrator.injection import command_from, injected_for
+from orchestrator.placement import Placement, PlacementRules, describe
+from orchestrator.registry_view import await_served, wait_served
+from tool_workers.errors import ConfigError, ResultTimeout, RunDeadlineExceeded
+from tool_workers.protocol import ToolResult, ToolSpec, task_id_for
+from tool_workers.wire_json import NotJSONError
 
 log = logging.getLogger("toolfleet.orchestrator")
 
@@ -54,7 +62,11 @@ _EAGER_MEMORY = 4096
 
 
 class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
-    """Run every tool call of a ``create_agent`` agent as a Celery task on the workers.
+    """Run the tool calls of a ``create_agent`` agent as Celery tasks on the workers.
+
+    Calls of tools the workers serve go to the workers; tools added by other middleware
+    (state tools, a todo list) and tools no worker serves run here through the normal
+    handler (see :mod:`orchestrator.placement`).
 
     Example::
 
@@ -68,6 +80,7 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         dispatcher: Dispatcher | None = None,
         eager_dispatch: bool = True,
         unserved_wait: float | None = None,
+        placement: Mapping[str, Placement] | None = None,
     ) -> None:
         """
         Args:
@@ -76,10 +89,11 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             dispatcher: Use this dispatcher instead of one for ``app`` (tests, or a
                 custom transport).
             eager_dispatch: In sync runs, publish every pending call of an AIMessage when
-                the first one arrives. Turn off when a middleware listed before this one
-                edits, gates or short-circuits calls inside its own ``wrap_tool_call``.
+                the first one arrives (only done when the middleware wrapping tool calls
+                outside this one cannot edit or gate calls; see :mod:`orchestrator.eager`).
             unserved_wait: Seconds a call waits for a worker serving its tool before it
                 fails (default: ``TOOLFLEET_UNSERVED_WAIT``).
+            placement: ``{"tool name": "local" | "remote"}``, overriding where calls run.
         """
         super().__init__()
         self._dispatcher = dispatcher if dispatcher is not None else dispatcher_for(app)
@@ -87,34 +101,68 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         settings = getattr(self._dispatcher, "settings", None)
         default_wait = settings.unserved_wait if settings is not None else 10.0
         self.unserved_wait = default_wait if unserved_wait is None else unserved_wait
+        self.rules = PlacementRules(placement, configured=_configured_tools(settings))
         self._published: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._delivered: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._retry_of: dict[str, str] = {}
+        self._placements_seen: set[frozenset[str]] = set()
 
     @property
     def dispatcher(self) -> Dispatcher:
         """The dispatcher calls go through."""
         return self._dispatcher
 
-    # -- the hooks ----------------------------------------------------------------------
+    # -- placement is visible: logged (and published) when an agent's tools are first seen
+
+    def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        """Pass the model call on; note where the agent's tools run, once per tool set."""
+        self._note_placement(request.tools)
+        return handler(request)
+
+    async def awrap_model_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        """Async flavour of :meth:`wrap_model_call`."""
+        self._note_placement(request.tools)
+        return await handler(request)
+
+    def _note_placement(self, tools: Sequence[Any]) -> None:
+        names = frozenset(getattr(t, "name", "") for t in tools if isinstance(t, BaseTool))
+        if names in self._placements_seen:
+            return
+        self._placements_seen.add(names)
+        table = self.rules.table(
+            [t for t in tools if isinstance(t, BaseTool)], self._dispatcher.served_tools()
+        )
+        log.info(describe(table))
+        note = getattr(self._dispatcher, "note_placement", None)
+        if note is not None:
+            note(table)
+
+    # -- the tool hooks -------------------------------------------------------------------
 
     def wrap_tool_call(
         self,
         request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
     ) -> ToolMessage | Command[Any]:
-        """Publish the call (and, eagerly, its pending siblings) and wait for its result."""
-        spec = self._spec(request)
+        """Run the call on the workers (publishing its pending siblings eagerly) or here."""
+        served = self._dispatcher.served_tools()
+        if self._placement(request, served) == "local":
+            return handler(request)
+        spec = served.get(request.tool_call["name"])
         if spec is None:
-            served = self._dispatcher.served_tools()
             if request.tool is not None and self.unserved_wait > 0:
-                served = _wait_served(
+                served = wait_served(
                     self._dispatcher, request.tool_call["name"], self.unserved_wait
                 )
             spec = served.get(request.tool_call["name"])
             if spec is None:
                 return self._unserved(request, served)
-        call = prepare(request, spec)
+        prepared = self._prepare(request, spec)
+        if isinstance(prepared, ToolMessage):
+            return prepared
+        call = prepared
         events = ToolCallEvents(request)
-        if self.eager_dispatch:
+        if self.eager_dispatch and call.attempt == 0:
             self._publish_siblings(request, call, events)
         call = self._reconcile(call)
         deadline = run_deadline(request)
@@ -130,27 +178,30 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             self._dispatcher.cancel([call], terminate=True)
             events.cancelled(call)
             raise RunDeadlineExceeded(f"run deadline passed while {call.tool} ran") from exc
-        events.finished(call, result)
-        log_finished(call, result)
-        return to_message(call, result)
+        return self._finish(call, result, events)
 
     async def awrap_tool_call(
         self,
         request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
     ) -> ToolMessage | Command[Any]:
-        """Publish the call with the others of this loop turn and await its result."""
-        spec = self._spec(request)
+        """Run the call on the workers (batched with this loop turn's calls) or here."""
+        served = self._dispatcher.served_tools()
+        if self._placement(request, served) == "local":
+            return await handler(request)
+        spec = served.get(request.tool_call["name"])
         if spec is None:
-            served = self._dispatcher.served_tools()
             if request.tool is not None and self.unserved_wait > 0:
-                served = await _await_served(
+                served = await await_served(
                     self._dispatcher, request.tool_call["name"], self.unserved_wait
                 )
             spec = served.get(request.tool_call["name"])
             if spec is None:
                 return self._unserved(request, served)
-        call = prepare(request, spec)
+        prepared = self._prepare(request, spec)
+        if isinstance(prepared, ToolMessage):
+            return prepared
+        call = prepared
         events = ToolCallEvents(request)
         events.track([call])
         deadline = run_deadline(request)
@@ -169,8 +220,39 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             self._dispatcher.cancel([call], terminate=True)
             events.cancelled(call)
             raise
+        return self._finish(call, result, events)
+
+    def _placement(self, request: ToolCallRequest, served: Mapping[str, ToolSpec]) -> Placement:
+        placement, _ = self.rules.decide(request.tool_call["name"], request.tool, served)
+        return placement
+
+    def _prepare(self, request: ToolCallRequest, spec: ToolSpec) -> PreparedCall | ToolMessage:
+        """The call on the wire, with its graph context; an error message if that fails."""
+        try:
+            injected = injected_for(spec, request)
+        except NotJSONError as exc:
+            return _error(request, "context", f"Error: cannot send this call: {exc}.")
+        call = prepare(request, spec)
+        # Called again for a call it already answered: an outer middleware retries it.
+        attempt = self._delivered.get(call.task_id, 0)
+        if attempt:
+            retry_id = task_id_for(f"{call.task_id}\x1fretry:{attempt}")
+            self._retry_of[retry_id] = call.task_id
+            call = replace(call, task_id=retry_id)
+        return replace(call, injected=injected, attempt=attempt)
+
+    def _finish(
+        self, call: PreparedCall, result: ToolResult, events: ToolCallEvents
+    ) -> ToolMessage | Command[Any]:
         events.finished(call, result)
         log_finished(call, result)
+        key = self._retry_of.pop(call.task_id, call.task_id)
+        self._delivered[key] = self._delivered.get(key, 0) + 1
+        self._delivered.move_to_end(key)
+        while len(self._delivered) > _EAGER_MEMORY:
+            self._delivered.popitem(last=False)
+        if result.command is not None:
+            return command_from(result.command, call.tool, call.call_id)
         return to_message(call, result)
 
     @hook_config(can_jump_to=["model"])
@@ -181,33 +263,7 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         never runs: without an answer the model would never learn of its mistake (and a
         message holding only such calls would end the run silently).
         """
-        messages = messages_of(state)
-        last = messages[-1] if messages else None
-        if not isinstance(last, AIMessage) or not last.invalid_tool_calls:
-            return None
-        answered = answered_ids(state)
-        errors = [
-            ToolMessage(
-                content=(
-                    f"Error: the arguments of your call to '{bad.get('name')}' are not "
-                    f"valid JSON ({bad.get('error') or 'unparseable'}): {bad.get('args')!r}\n"
-                    " Please fix your mistakes."
-                ),
-                name=bad.get("name") or "invalid_tool_call",
-                tool_call_id=bad["id"],
-                status="error",
-                response_metadata={"toolfleet": {"error_kind": "invalid_args"}},
-            )
-            for bad in last.invalid_tool_calls
-            if bad.get("id") and bad["id"] not in answered
-        ]
-        if not errors:
-            return None
-        log.warning("%d tool call(s) with malformed arguments answered with errors", len(errors))
-        update: dict[str, Any] = {"messages": errors}
-        if not last.tool_calls:
-            update["jump_to"] = "model"
-        return update
+        return answer_invalid_calls(state)
 
     async def aafter_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
         """Async flavour of :meth:`after_model`."""
@@ -249,18 +305,36 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         marker = f"{call.thread_id}\x1f{message.id}"
         if marker in self._published:
             return
-        served = self._dispatcher.served_tools()
-        done = answered_ids(request.state)
-        siblings = [
-            prepare_raw(tc, served[tc["name"]], call.thread_id, call.run_id, message.id)
-            for tc in message.tool_calls
-            if tc.get("id") and tc["id"] not in done and tc["name"] in served
-        ]
-        events.track(siblings)
-        self._dispatcher.submit(siblings, events.on_state)
         self._published[marker] = None
         while len(self._published) > _EAGER_MEMORY:
             self._published.popitem(last=False)
+        safe, apply_edits = eager_is_safe(self)
+        if not safe:
+            log.info("middleware outside toolfleet's may gate or edit calls: no eager fan-out")
+            return
+        edits = hitl_edits(request.state) if apply_edits else None
+        served = self._dispatcher.served_tools()
+        done = answered_ids(request.state)
+        tools = {t.name: t for t in (getattr(request.runtime, "tools", None) or [])}
+        siblings = []
+        for original in message.tool_calls:
+            if not original.get("id") or original["id"] in done:
+                continue
+            tool_call = edited(original, edits)
+            spec = served.get(tool_call["name"])
+            if spec is None or (
+                self.rules.decide(tool_call["name"], tools.get(tool_call["name"]), served)[0]
+                != "remote"
+            ):
+                continue
+            try:
+                injected = injected_for(spec, request)
+            except NotJSONError:
+                continue  # its own Send task reports the error
+            sibling = prepare_raw(tool_call, spec, call.thread_id, call.run_id, message.id)
+            siblings.append(replace(sibling, injected=injected))
+        events.track(siblings)
+        self._dispatcher.submit(siblings, events.on_state)
 
     def _reconcile(self, call: PreparedCall) -> PreparedCall:
         """A call that reached us edited (by an outer middleware) is not the one published."""
@@ -288,58 +362,25 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         )
 
 
-DEADLINE_KEY = "toolfleet_deadline"
-"""``config["configurable"]`` key holding a run's deadline (Unix time)."""
+def _configured_tools(settings: Any) -> set[str]:
+    """Tools the policy file configures for the workers (empty if it cannot be read)."""
+    if settings is None:
+        return set()
+    try:
+        return set(settings.policies().tools)
+    except ConfigError as exc:
+        log.warning("tool policy not readable (%s); no tool is placed by it", exc)
+        return set()
 
 
-def with_deadline(seconds: float, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A run config whose tool calls must finish within ``seconds`` from now.
-
-    When the deadline passes, the run's in-flight calls are revoked (terminated on prefork
-    workers), calls not yet sent are never sent, and the run raises
-    :class:`~tool_workers.errors.RunDeadlineExceeded`.
-
-    Example::
-
-        agent.invoke(inputs, with_deadline(30, {"configurable": {"thread_id": "t1"}}))
-    """
-    config = dict(config or {})
-    config["configurable"] = {
-        **(config.get("configurable") or {}),
-        DEADLINE_KEY: time.time() + seconds,
-    }
-    return config
-
-
-def run_deadline(request: ToolCallRequest) -> float | None:
-    """The deadline (Unix time) of the run ``request`` belongs to, if it has one."""
-    config = request.runtime.config if request.runtime is not None else {}
-    value = (config.get("configurable") or {}).get(DEADLINE_KEY)
-    return float(value) if value is not None else None
-
-
-def _remaining(deadline: float | None) -> float | None:
-    return None if deadline is None else max(deadline - time.time(), 0.0)
-
-
-def _wait_served(dispatcher: Dispatcher, name: str, timeout: float) -> Mapping[str, ToolSpec]:
-    deadline = time.monotonic() + timeout
-    while True:
-        served = dispatcher.served_tools()
-        if name in served or time.monotonic() >= deadline:
-            return served
-        time.sleep(0.25)
-
-
-async def _await_served(
-    dispatcher: Dispatcher, name: str, timeout: float
-) -> Mapping[str, ToolSpec]:
-    deadline = time.monotonic() + timeout
-    while True:
-        served = dispatcher.served_tools()
-        if name in served or time.monotonic() >= deadline:
-            return served
-        await asyncio.sleep(0.25)
+def _error(request: ToolCallRequest, kind: str, content: str) -> ToolMessage:
+    return ToolMessage(
+        content=content,
+        name=request.tool_call["name"],
+        tool_call_id=request.tool_call["id"],
+        status="error",
+        response_metadata={"toolfleet": {"error_kind": kind}},
+    )
 
 
 async def _submit_async(dispatcher: Dispatcher, call: PreparedCall, events: ToolCallEvents) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Mapping
+from typing import Protocol
 
 import redis
 
@@ -60,3 +62,27 @@ class RegistryView:
                 return tools
             time.sleep(min(0.25, max(deadline - time.monotonic(), 0)))
             self.refresh()
+
+
+class _Serving(Protocol):
+    def served_tools(self) -> Mapping[str, ToolSpec]: ...
+
+
+def wait_served(dispatcher: _Serving, name: str, timeout: float) -> Mapping[str, ToolSpec]:
+    """Poll until a worker serves ``name`` or ``timeout`` passes; the tools served then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        served = dispatcher.served_tools()
+        if name in served or time.monotonic() >= deadline:
+            return served
+        time.sleep(0.25)
+
+
+async def await_served(dispatcher: _Serving, name: str, timeout: float) -> Mapping[str, ToolSpec]:
+    """Async flavour of :func:`wait_served`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        served = dispatcher.served_tools()
+        if name in served or time.monotonic() >= deadline:
+            return served
+        await asyncio.sleep(0.25)

@@ -34,6 +34,9 @@ log = logging.getLogger("toolfleet.results")
 READY_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
 """Celery states after which a task's result no longer changes."""
 
+PROGRESS = "PROGRESS"
+"""Pseudo-state with which state callbacks receive a running call's progress events."""
+
 IDLE_CHANNEL = b"toolfleet-listener-idle"
 """Subscribed when there is no reply channel, so the pub/sub connection always exists."""
 
@@ -53,6 +56,8 @@ class _Watch:
     on_state: list[StateCallback] = field(default_factory=list)
     last_state: str | None = None
     own_channel: bool = True
+    last_activity: float | None = None
+    progress_seq: int = 0
 
 
 class ResultListener:
@@ -373,8 +378,37 @@ class ResultListener:
             log.error("unreadable state on the reply channel")
             return
         task_id = meta.get("task_id") if isinstance(meta, dict) else None
-        if isinstance(task_id, str):
+        if not isinstance(task_id, str):
+            return
+        if "progress" in meta:
+            self._apply_progress(task_id, meta)
+        else:
             self._apply(task_id, meta)
+
+    def _apply_progress(self, task_id: str, meta: dict[str, Any]) -> None:
+        """A batch of a running call's progress events: to the callbacks, in order."""
+        seq = meta.get("seq")
+        with self._lock:
+            watch = self._watches.get(task_id)
+            if watch is None or watch.future.done():
+                return
+            if isinstance(seq, int):
+                if seq <= watch.progress_seq:
+                    return  # already seen
+                watch.progress_seq = seq
+            watch.last_activity = time.monotonic()
+            callbacks = list(watch.on_state)
+        for callback in callbacks:
+            try:
+                callback(task_id, PROGRESS, meta)
+            except Exception:  # a progress observer must not break result delivery
+                log.exception("progress callback failed")
+
+    def last_activity(self, task_id: str) -> float | None:
+        """When (monotonic) a started call last showed life; ``None`` if not started."""
+        with self._lock:
+            watch = self._watches.get(task_id)
+            return watch.last_activity if watch is not None else None
 
     def _deliver(self, task_id: str, raw: bytes | None) -> None:
         if raw is None:
@@ -394,6 +428,8 @@ class ResultListener:
                 return
             changed = state != watch.last_state
             watch.last_state = state
+            if state == "STARTED" and watch.last_activity is None:
+                watch.last_activity = time.monotonic()
             callbacks = list(watch.on_state) if changed else []
         for callback in callbacks:
             try:

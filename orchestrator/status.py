@@ -90,6 +90,8 @@ class FleetStatus:
     in_flight: list[InFlightCall]
     unresponsive: list[str] = field(default_factory=list)
     """Registered workers that did not answer ``inspect active`` in time."""
+    placement: list[dict[str, Any]] = field(default_factory=list)
+    """Where the tools of the agents of live orchestrator processes run (one per process)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form (``toolfleet status --json``)."""
@@ -111,6 +113,7 @@ def collect(settings: Settings, *, app: Celery | None = None, timeout: float = 2
     try:
         entries = read_entries(client, settings.key_prefix)
         queues = _queues(client, settings, entries)
+        placement = _placement(client, settings)
     finally:
         client.close()
     active, unresponsive = _active(app, [e.worker for e in entries], timeout)
@@ -137,7 +140,21 @@ def collect(settings: Settings, *, app: Celery | None = None, timeout: float = 2
         for worker, tasks in sorted(active.items())
         for task in tasks
     ]
-    return FleetStatus(settings.namespace, workers, queues, in_flight, unresponsive)
+    return FleetStatus(settings.namespace, workers, queues, in_flight, unresponsive, placement)
+
+
+def _placement(client: redis.Redis, settings: Settings) -> list[dict[str, Any]]:
+    """The tool placement orchestrator processes published (their agents' first model call)."""
+    keys = sorted(client.scan_iter(match=f"{settings.key_prefix}placement:*", count=500))
+    records = []
+    for raw in client.mget(keys) if keys else []:
+        if raw is None:
+            continue
+        try:
+            records.append(json.loads(raw))
+        except ValueError:
+            continue
+    return records
 
 
 def _active(
@@ -219,6 +236,15 @@ def render(status: FleetStatus, console: Console) -> None:
     console.print(calls)
     if status.unresponsive:
         console.print(f"[yellow]did not answer inspect active:[/] {', '.join(status.unresponsive)}")
+    for record in status.placement:
+        title = f"Tool placement of orchestrator {record.get('host')}:{record.get('pid')}"
+        table = Table(title=title, title_justify="left")
+        for column in ("tool", "runs", "why"):
+            table.add_column(column, overflow="fold")
+        for name, row in sorted((record.get("tools") or {}).items()):
+            where = "[cyan]workers[/]" if row.get("placement") == "remote" else "here"
+            table.add_row(name, where, str(row.get("reason", "")))
+        console.print(table)
 
 
 def run_status(settings: Settings, *, as_json: bool, timeout: float, console: Console) -> int:

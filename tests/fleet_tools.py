@@ -6,15 +6,21 @@ idempotency key, so a test can tell how many times each call really ran.
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import redis
-from langchain_core.tools import BaseTool, tool
+from langchain_core.messages import ToolMessage
+from langchain_core.tools import BaseTool, InjectedToolCallId, tool
+from langgraph.config import get_stream_writer
+from langgraph.prebuilt import InjectedState, InjectedStore, ToolRuntime
+from langgraph.store.base import BaseStore
+from langgraph.types import Command
 from pydantic import BaseModel
 
-from tool_workers import current_call
+from tool_workers import current_call, heartbeat
 
 LOCAL_RUNS: list[str] = []
 """Names of tools that ran in this process (the orchestrator's must stay empty)."""
@@ -168,3 +174,87 @@ def slow_effect(seconds: float, tag: str = "") -> str:
     time.sleep(seconds)
     n = record("slow_effect")
     return f"done {tag} (run {n})"
+
+
+# -- tools that take graph context (injected arguments), return Commands, stream progress
+
+
+@tool
+def my_call_id(note: str, call_id: Annotated[str, InjectedToolCallId]) -> str:
+    """Report the tool call id it was given."""
+    return f"{note}: {call_id}"
+
+
+@tool
+def count_todos(status: str, todos: Annotated[list[dict[str, Any]], InjectedState("todos")]) -> str:
+    """Count the agent's todos with a status."""
+    return f"{sum(1 for t in todos if t.get('status') == status)} {status}"
+
+
+@tool
+def state_keys(state: Annotated[dict[str, Any], InjectedState]) -> str:
+    """List the state fields the tool was given."""
+    return ",".join(sorted(state))
+
+
+@tool
+def runtime_info(label: str, runtime: ToolRuntime) -> str:
+    """Describe the runtime the tool was given."""
+    configurable = runtime.config.get("configurable", {})
+    return json.dumps(
+        {
+            "label": label,
+            "state": sorted(runtime.state),
+            "context": runtime.context,
+            "thread_id": configurable.get("thread_id"),
+            "tags": runtime.config.get("tags"),
+            "tool_call_id": runtime.tool_call_id,
+            "has_store": runtime.store is not None,
+        }
+    )
+
+
+@tool
+def remember(key: str, value: str, store: Annotated[BaseStore, InjectedStore()]) -> str:
+    """Save a value in the shared store."""
+    namespace = tuple(os.environ.get("TOOLFLEET_TEST_STORE_NAMESPACE", "tft").split("/"))
+    store.put(namespace, key, {"value": value})
+    return f"remembered {key}"
+
+
+@tool
+def set_flag(value: str, call_id: Annotated[str, InjectedToolCallId]) -> Command:  # type: ignore[type-arg]
+    """Set the agent's flag (updates graph state)."""
+    return Command(
+        update={
+            "flag": value,
+            "messages": [ToolMessage(f"flag is now {value}", tool_call_id=call_id)],
+        }
+    )
+
+
+@tool
+def progress(steps: int, delay: float) -> str:
+    """Report each step on the stream while working."""
+    write = get_stream_writer()
+    for step in range(1, steps + 1):
+        time.sleep(delay)
+        write({"step": step, "of": steps})
+    return f"did {steps} steps"
+
+
+@tool
+def quiet(seconds: float) -> str:
+    """Works silently (no progress, no heartbeat)."""
+    time.sleep(seconds)
+    return "quiet done"
+
+
+@tool
+def chatty(seconds: float) -> str:
+    """Works for a while, sending heartbeats."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        heartbeat()
+        time.sleep(0.2)
+    return "chatty done"

@@ -8,6 +8,7 @@ Importing this package builds nothing: Celery's ``-A tool_workers`` finds the ap
 from __future__ import annotations
 
 from tool_workers.context import current_call
+from tool_workers.progress import heartbeat
 from tool_workers.protocol import PROTOCOL_VERSION, ToolRequest, ToolResult
 
-__all__ = ["PROTOCOL_VERSION", "ToolRequest", "ToolResult", "current_call"]
+__all__ = ["PROTOCOL_VERSION", "ToolRequest", "ToolResult", "current_call", "heartbeat"]

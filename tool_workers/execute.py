@@ -21,10 +21,13 @@ from langgraph.prebuilt.tool_node import (
     ToolInvocationError,
     msg_content_output,
 )
+from langgraph.types import Command
 from pydantic import ValidationError
 
 from tool_workers.context import CallContext, call_scope
+from tool_workers.graph_context import MissingContextError, WorkerGraph, inject, invoke_config
 from tool_workers.protocol import ToolRequest, ToolResult
+from tool_workers.wire_json import NotJSONError, to_wire
 
 TRUNCATION_NOTE = "\n[toolfleet: result truncated from {size} to {limit} bytes]"
 
@@ -73,6 +76,7 @@ def run_call(
     attempt: int = 1,
     limits: Limits = Limits(),
     transient: tuple[type[BaseException], ...] = (),
+    graph: WorkerGraph | None = None,
 ) -> ToolResult:
     """Run ``request`` on ``tool`` and return the result; tool failures become error results.
 
@@ -83,6 +87,7 @@ def run_call(
         attempt: 1-based attempt number (Celery retries raise it).
         limits: Byte limits and the soft time limit (named in timeout messages).
         transient: Exception types the tool's policy retries.
+        graph: The worker's store and the call's stream writer, for injected arguments.
 
     Returns:
         The result: content, artifact, status and where and how long it ran.
@@ -103,7 +108,15 @@ def run_call(
             **base,
         )
 
-    call = {"type": "tool_call", "name": tool.name, "args": request.args, "id": request.call_id}
+    graph = graph or WorkerGraph()
+    config = invoke_config(request, graph)
+    try:
+        args = inject(tool, request, graph, config)
+    except (MissingContextError, NotJSONError) as exc:
+        return ToolResult.error(
+            "context", f"Error: tool '{request.tool}' cannot run: {exc}.", **base
+        )
+    call = {"type": "tool_call", "name": tool.name, "args": args, "id": request.call_id}
     ctx = CallContext(
         call_id=request.call_id,
         idempotency_key=request.idempotency_key,
@@ -116,7 +129,7 @@ def run_call(
     timing = {**base, "started_at": started}
     try:
         with call_scope(ctx):
-            output = _invoke(tool, call)
+            output = _invoke(tool, call, config)
     except SoftTimeLimitExceeded:
         return ToolResult.error(
             "timeout",
@@ -141,14 +154,16 @@ def run_call(
     return _to_result(tool.name, output, limits, duration=duration, **timing)
 
 
-def _invoke(tool: BaseTool, call: dict[str, Any]) -> Any:
+def _invoke(tool: BaseTool, call: dict[str, Any], config: dict[str, Any]) -> Any:
     """Run the tool; a tool written as ``async def`` runs on an event loop of its own."""
     if getattr(tool, "func", True) is None and getattr(tool, "coroutine", None) is not None:
-        return asyncio.run(tool.ainvoke(call))
-    return tool.invoke(call)
+        return asyncio.run(tool.ainvoke(call, config))
+    return tool.invoke(call, config)
 
 
 def _to_result(name: str, output: Any, limits: Limits, **timing: Any) -> ToolResult:
+    if isinstance(output, Command):
+        return _command_result(name, output, **timing)
     if not isinstance(output, ToolMessage):
         return ToolResult.error(
             "bad_result",
@@ -179,6 +194,34 @@ def _to_result(name: str, output: Any, limits: Limits, **timing: Any) -> ToolRes
         error_kind="tool_error" if output.status == "error" else None,
         content=content,
         artifact=output.artifact,
+        **timing,
+    )
+
+
+def _command_result(name: str, command: Command[Any], **timing: Any) -> ToolResult:
+    """A tool's ``Command`` as JSON: ``update`` (messages included) and ``goto``."""
+    if command.graph is not None or command.resume is not None:
+        return ToolResult.error(
+            "bad_result",
+            f"Error: tool '{name}' returned a Command with graph or resume, which a remote "
+            "tool cannot use (only update and goto).\n Please fix your mistakes.",
+            **timing,
+        )
+    goto = command.goto
+    if not all(isinstance(g, str) for g in ([goto] if isinstance(goto, str) else goto)):
+        return ToolResult.error(
+            "bad_result",
+            f"Error: tool '{name}' returned a Command whose goto is not node names.\n"
+            " Please fix your mistakes.",
+            **timing,
+        )
+    try:
+        update = to_wire(command.update, "Command.update")
+    except NotJSONError as exc:
+        return ToolResult.error("bad_result", f"Error: tool '{name}' returned {exc}.", **timing)
+    return ToolResult(
+        command={"update": update, "goto": goto if isinstance(goto, str) else list(goto)},
+        content="",
         **timing,
     )
 

@@ -40,6 +40,8 @@ ErrorKind = Literal[
     "cancelled",  # revoked before it finished
     "worker_lost",  # the worker died and the call could not be rerun
     "unserved",  # no worker consumed the call's queue in time
+    "context",  # the tool needs graph context (a store, a state field) it did not get
+    "hung",  # no progress within the tool's idle timeout
 ]
 
 
@@ -83,6 +85,23 @@ class ToolRequest(BaseModel):
     """Stable across redeliveries and orchestrator restarts; tools may key side effects on it."""
     thread_id: str | None = None
     run_id: str | None = None
+    injected: Injected | None = None
+    """Graph context the tool declared it needs (state fields, runtime), as JSON."""
+    progress: bool = False
+    """Publish the tool's stream-writer events (and heartbeats) on the reply channel."""
+
+
+class Injected(BaseModel):
+    """What the orchestrator sends for a tool's injected arguments (JSON, see wire_json)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    state: dict[str, Any] = Field(default_factory=dict)
+    """The state fields the tool declared (``InjectedState``/``ToolRuntime``), by field."""
+    context: Any = None
+    """The run's ``context`` (for ``ToolRuntime.context``)."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """A whitelist of the run's config: thread id, run id, tags, metadata."""
 
 
 class ToolResult(BaseModel):
@@ -96,6 +115,8 @@ class ToolResult(BaseModel):
     """ToolMessage content: a string or a list of content blocks."""
     artifact: Any = None
     """The tool's artifact (``response_format="content_and_artifact"``), JSON only."""
+    command: dict[str, Any] | None = None
+    """A ``Command`` the tool returned (``update``, ``goto``), as JSON (see wire_json)."""
     error_kind: ErrorKind | None = None
     worker: str = ""
     """Celery node name of the worker that ran the call."""
@@ -110,6 +131,11 @@ class ToolResult(BaseModel):
     def error(cls, kind: ErrorKind, message: str, **fields: Any) -> ToolResult:
         """An error result the model can act on."""
         return cls(status="error", error_kind=kind, content=message, **fields)
+
+
+def progress_message(task_id: str, seq: int, events: list[Any]) -> dict[str, Any]:
+    """A batch of a running call's progress events, as published on the reply channel."""
+    return {"task_id": task_id, "progress": events, "seq": seq}
 
 
 def call_marker_key(key_prefix: str, task_id: str) -> str:
@@ -145,6 +171,26 @@ class ToolSpec(BaseModel):
     queue: str = DEFAULT_QUEUE
     options: dict[str, Any] = Field(default_factory=dict)
     """Policy the tool runs under: time limits, retries, idempotent, rate limit."""
+    injected: InjectedArgs = Field(default_factory=lambda: InjectedArgs())
+    """The graph context the tool's arguments ask for (hidden from the model)."""
+
+
+class InjectedArgs(BaseModel):
+    """Which of a tool's arguments LangGraph injects, and from what."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    state: dict[str, str | None] = Field(default_factory=dict)
+    """``InjectedState`` arguments: argument name -> state field (``None``: the state)."""
+    store: str | None = None
+    """The ``InjectedStore`` argument."""
+    runtime: str | None = None
+    """The ``ToolRuntime`` argument."""
+
+    @property
+    def any(self) -> bool:
+        """Whether the tool needs anything from the graph."""
+        return bool(self.state or self.store or self.runtime)
 
 
 class WorkerEntry(BaseModel):

@@ -57,6 +57,12 @@ class ToolPolicy(BaseModel):
     """Refuse calls whose JSON arguments exceed this size (``None``: the global limit)."""
     max_result_bytes: int | None = None
     """Truncate results whose content exceeds this size (``None``: the global limit)."""
+    idle_timeout: float | None = Field(default=None, gt=0)
+    """Seconds a started call may report no progress (events or heartbeats) before it is
+    treated as hung: revoked, and the model gets an error."""
+    inject_messages: bool = False
+    """Send the message history with the state a tool asks for as a whole (the history
+    grows with every turn, so it is left out unless the tool names it or this is set)."""
 
     @model_validator(mode="after")
     def _check_limits(self) -> ToolPolicy:
@@ -180,6 +186,8 @@ class Settings(BaseSettings):
     """Postgres connections the checkpointer may hold (concurrent runs share them)."""
     checkpoint_path: Path = Path("toolfleet-checkpoints.sqlite")
     """SQLite file of the LangGraph checkpointer when no ``database_url`` is set."""
+    store_url: str | None = None
+    """PostgreSQL URL of the LangGraph store remote tools and the agent share (optional)."""
     api_tokens: Annotated[tuple[str, ...], NoDecode] = Field(default=(), repr=False, exclude=True)
     """Comma-separated bearer tokens the HTTP service (``toolfleet serve``) accepts."""
     max_runs: int = Field(default=64, gt=0)

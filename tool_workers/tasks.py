@@ -17,8 +17,10 @@ from celery import Celery, Task, states
 from langchain_core.tools import BaseTool
 from pydantic import ValidationError
 
-from tool_workers.backend import ToolfleetRedisBackend
+from tool_workers.backend import ToolfleetRedisBackend, reply_channel_of
 from tool_workers.execute import Limits, TransientToolError, error_text, run_call
+from tool_workers.graph_context import WorkerGraph, injected_args_of
+from tool_workers.progress import ProgressPublisher, publishing
 from tool_workers.protocol import (
     PROTOCOL_VERSION,
     ToolRequest,
@@ -28,6 +30,7 @@ from tool_workers.protocol import (
     task_name,
 )
 from tool_workers.settings import Settings, ToolPolicies, ToolPolicy
+from tool_workers.store import store_for
 
 log = logging.getLogger("toolfleet.worker")
 
@@ -52,7 +55,10 @@ def tool_spec(tool: BaseTool, policy: ToolPolicy) -> ToolSpec:
             "retries": policy.retries,
             "idempotent": policy.idempotent,
             "rate_limit": policy.rate_limit,
+            "idle_timeout": policy.idle_timeout,
+            "inject_messages": policy.inject_messages,
         },
+        injected=injected_args_of(tool),
     )
 
 
@@ -84,6 +90,7 @@ def _register(app: Celery, tool: BaseTool, settings: Settings, policy: ToolPolic
     transient_names = policy.retry_on if policy.retries else ()
     key_prefix = settings.key_prefix
     expires = settings.result_expires
+    needs_store = injected_args_of(tool).store is not None
 
     @app.task(  # type: ignore[untyped-decorator]
         name=task_name(tool.name),
@@ -115,15 +122,27 @@ def _register(app: Celery, tool: BaseTool, settings: Settings, policy: ToolPolic
             return refusal
 
         t0 = time.perf_counter()
+        channel = reply_channel_of(self.request)
+        publisher = (
+            ProgressPublisher(self.backend.client, channel, self.request.id)
+            if request.progress and channel
+            else None
+        )
+        graph = WorkerGraph(
+            store=store_for(settings) if needs_store else None,
+            write=publisher.write if publisher is not None else None,
+        )
         try:
-            result = run_call(
-                tool,
-                request,
-                worker=worker,
-                attempt=attempt,
-                limits=limits,
-                transient=(Exception,) if transient_names else (),
-            )
+            with publishing(publisher):
+                result = run_call(
+                    tool,
+                    request,
+                    worker=worker,
+                    attempt=attempt,
+                    limits=limits,
+                    transient=(Exception,) if transient_names else (),
+                    graph=graph,
+                )
         except TransientToolError as err:
             if _is_transient(err.exc, transient_names) and self.request.retries < policy.retries:
                 delay = min(

@@ -32,6 +32,8 @@ pytestmark = pytest.mark.timeout(120)
 TEST_TOOLS = {
     "add", "whoami", "sleep_for", "boom", "with_artifact", "blocks", "finish", "hang",
     "hard_hang", "charge", "touch", "flaky", "opaque_artifact", "echo_cls", "slow_effect",
+    "my_call_id", "count_todos", "state_keys", "runtime_info", "remember", "set_flag",
+    "progress", "quiet", "chatty",
 }  # fmt: skip
 
 

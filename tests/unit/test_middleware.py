@@ -246,12 +246,17 @@ def test_given_unknown_tool_name_when_called_then_error_naming_tools_and_run_goe
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_given_agent_tool_no_worker_serves_when_called_then_unserved_error(
+def test_given_tool_pinned_remote_no_worker_serves_when_called_then_unserved_error(
     dispatchers: Callable[[Sequence[BaseTool]], InProcessDispatcher], mode: Mode
 ) -> None:
     served_without_echo = dispatchers([nap])
     calls = tool_calls_message([("echo", {"text": "hi"})])
-    agent = agent_for(served_without_echo, [calls, AIMessage(content="done")], unserved_wait=0.1)
+    agent = agent_for(
+        served_without_echo,
+        [calls, AIMessage(content="done")],
+        unserved_wait=0.1,
+        placement={"echo": "remote"},
+    )
 
     messages = run(agent, mode)
 
@@ -260,6 +265,22 @@ def test_given_agent_tool_no_worker_serves_when_called_then_unserved_error(
     assert str(error.content).startswith("Error: no worker serves the tool 'echo'")
     assert meta(error)["error_kind"] == "unserved"
     assert messages[-1].content == "done"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_given_agent_tool_no_worker_serves_when_called_then_it_runs_here(
+    dispatchers: Callable[[Sequence[BaseTool]], InProcessDispatcher], mode: Mode
+) -> None:
+    served_without_echo = dispatchers([nap])
+    calls = tool_calls_message([("echo", {"text": "hi"})])
+    agent = agent_for(served_without_echo, [calls, AIMessage(content="done")])
+
+    messages = run(agent, mode)
+
+    [local] = tool_messages(messages)
+    assert local.status == "success" and local.content == "hi"
+    assert "toolfleet" not in local.response_metadata  # not sent to the workers
+    assert served_without_echo.published == {}
 
 
 @pytest.mark.parametrize("mode", MODES)

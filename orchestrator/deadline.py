@@ -1,0 +1,41 @@
+"""A whole-run deadline: a run's tool calls must finish by a given time."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from langgraph.prebuilt.tool_node import ToolCallRequest
+
+DEADLINE_KEY = "toolfleet_deadline"
+"""``config["configurable"]`` key holding a run's deadline (Unix time)."""
+
+
+def with_deadline(seconds: float, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A run config whose tool calls must finish within ``seconds`` from now.
+
+    When the deadline passes, the run's in-flight calls are revoked (terminated on prefork
+    workers), calls not yet sent are never sent, and the run raises
+    :class:`~tool_workers.errors.RunDeadlineExceeded`.
+
+    Example::
+
+        agent.invoke(inputs, with_deadline(30, {"configurable": {"thread_id": "t1"}}))
+    """
+    config = dict(config or {})
+    config["configurable"] = {
+        **(config.get("configurable") or {}),
+        DEADLINE_KEY: time.time() + seconds,
+    }
+    return config
+
+
+def run_deadline(request: ToolCallRequest) -> float | None:
+    """The deadline (Unix time) of the run ``request`` belongs to, if it has one."""
+    config = request.runtime.config if request.runtime is not None else {}
+    value = (config.get("configurable") or {}).get(DEADLINE_KEY)
+    return float(value) if value is not None else None
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(deadline - time.time(), 0.0)

@@ -1,0 +1,71 @@
+"""Eager fan-out for sync runs, and when it is safe.
+
+LangGraph runs the Send tasks of a sync superstep in ``min(32, cpu + 4)`` threads, so the
+first call of an AIMessage to reach the middleware publishes every pending call of that
+AIMessage. That is only right when each sibling would reach the middleware unchanged: a
+middleware wrapping tool calls *outside* this one may edit a call, gate it behind an
+interrupt, or answer it itself. Eager publication therefore happens only when every
+outer tool-call wrapper is known not to do that, with one adaptation: the reviewer's
+edits of LangChain's human-in-the-loop middleware (batched mode) are applied first.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from langchain.agents.middleware import AgentMiddleware
+
+SAFE_OUTER = frozenset({"ToolRetryMiddleware", "ToolErrorMiddleware"})
+"""Outer wrappers that pass each call on unchanged (retries get attempts of their own)."""
+
+_STOP_FRAMES = frozenset({"_run_one", "_arun_one", "_func", "_afunc"})
+
+
+def outer_wrappers(me: AgentMiddleware[Any, Any]) -> list[AgentMiddleware[Any, Any]]:
+    """The middleware whose ``wrap_tool_call`` encloses ``me``'s current call."""
+    found: list[AgentMiddleware[Any, Any]] = []
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name not in _STOP_FRAMES:
+        owner = frame.f_locals.get("self")
+        if (
+            frame.f_code.co_name in ("wrap_tool_call", "awrap_tool_call")
+            and isinstance(owner, AgentMiddleware)
+            and owner is not me
+        ):
+            found.append(owner)
+        frame = frame.f_back  # type: ignore[assignment]
+    return found
+
+
+def hitl_edits(state: Any) -> Mapping[str, Any] | None:
+    """The reviewer's edits (by call id) LangChain's HITL middleware keeps in the state."""
+    try:
+        from langchain.agents.middleware.human_in_the_loop import _EDITED_TOOL_CALLS_KEY
+    except ImportError:  # another langchain: no known key, so no edits to apply
+        return None
+    edits = state.get(_EDITED_TOOL_CALLS_KEY) if isinstance(state, dict) else None
+    return edits or None
+
+
+def eager_is_safe(me: AgentMiddleware[Any, Any]) -> tuple[bool, bool]:
+    """Whether siblings may be published eagerly, and whether HITL edits must be applied."""
+    apply_edits = False
+    for outer in outer_wrappers(me):
+        name = type(outer).__name__
+        if name in SAFE_OUTER:
+            continue
+        if name == "HumanInTheLoopMiddleware" and getattr(outer, "interrupt_mode", "") == "batched":
+            apply_edits = True  # decided before the tools node; edits are in the state
+            continue
+        return False, False
+    return True, apply_edits
+
+
+def edited(tool_call: Mapping[str, Any], edits: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``tool_call`` as the reviewer edited it (HITL), or unchanged."""
+    action = edits.get(tool_call.get("id")) if edits else None
+    if not action:
+        return dict(tool_call)
+    return {**tool_call, "name": action["name"], "args": action["args"]}
