@@ -24,7 +24,7 @@ import redis
 from orchestrator.bench_measure import cpu_seconds
 from orchestrator.dispatch import CeleryDispatcher
 from orchestrator.fleet import close_all, dispatcher_for
-from orchestrator.local import EmbeddedRedis, WorkerProcess
+from orchestrator.local import EmbeddedRedis, WorkerProcess, delete_keys
 from tool_workers.settings import Settings
 
 WORKER_LOGLEVEL = "WARNING"
@@ -126,7 +126,7 @@ class BenchFleet:
             self.server.stop()
             self.server = None
         elif self.base is not None:
-            _delete_keys(self.base.broker_url, f"bench-{self.run_id}-*")
+            delete_keys(self.base.broker_url, f"bench-{self.run_id}-*")
 
     def cpu_times(self) -> dict[str, float]:
         """CPU seconds used so far by this process, the running workers and the server.
@@ -155,21 +155,6 @@ class BenchFleet:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _delete_keys(url: str, pattern: str) -> None:
-    client = redis.Redis.from_url(url)
-    try:
-        batch: list[bytes] = []
-        for key in client.scan_iter(match=pattern, count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                client.unlink(*batch)
-                batch.clear()
-        if batch:
-            client.unlink(*batch)
-    finally:
-        client.close()
 
 
 def machine_info() -> dict[str, Any]:

@@ -29,6 +29,27 @@ from tool_workers.protocol import DEFAULT_QUEUE, worker_registry_key
 from tool_workers.settings import Settings
 
 
+def delete_keys(url: str, pattern: str) -> int:
+    """Delete every key matching ``pattern`` (e.g. a namespace's ``"<ns>:*"``); how many.
+
+    For tests and benchmarks that share a Redis server and clean up after themselves.
+    """
+    client = redis.Redis.from_url(url)
+    deleted = 0
+    try:
+        batch: list[bytes] = []
+        for key in client.scan_iter(match=pattern, count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                deleted += int(client.unlink(*batch))
+                batch.clear()
+        if batch:
+            deleted += int(client.unlink(*batch))
+    finally:
+        client.close()
+    return deleted
+
+
 def settings_env(settings: Settings) -> dict[str, str]:
     """``TOOLFLEET_*`` environment variables that reproduce ``settings`` in a child process."""
     env: dict[str, str] = {}

@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from langchain.agents.middleware import AgentMiddleware, hook_config
 from langchain_core.messages import ToolMessage
@@ -145,22 +145,16 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
     ) -> ToolMessage | Command[Any]:
         """Run the call on the workers (publishing its pending siblings eagerly) or here."""
-        served = self._dispatcher.served_tools()
-        if self._placement(request, served) == "local":
+        route = self._route(request, self._dispatcher.served_tools(), waited=False)
+        if route is None:
+            name = request.tool_call["name"]
+            served = wait_served(self._dispatcher, name, self.unserved_wait)
+            route = self._route(request, served, waited=True)
+        if route == "local":
             return handler(request)
-        spec = served.get(request.tool_call["name"])
-        if spec is None:
-            if request.tool is not None and self.unserved_wait > 0:
-                served = wait_served(
-                    self._dispatcher, request.tool_call["name"], self.unserved_wait
-                )
-            spec = served.get(request.tool_call["name"])
-            if spec is None:
-                return self._unserved(request, served)
-        prepared = self._prepare(request, spec)
-        if isinstance(prepared, ToolMessage):
-            return prepared
-        call = prepared
+        if isinstance(route, ToolMessage):
+            return route
+        call = route
         events = ToolCallEvents(request)
         if self.eager_dispatch and call.attempt == 0:
             self._publish_siblings(request, call, events)
@@ -186,22 +180,16 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
     ) -> ToolMessage | Command[Any]:
         """Run the call on the workers (batched with this loop turn's calls) or here."""
-        served = self._dispatcher.served_tools()
-        if self._placement(request, served) == "local":
+        route = self._route(request, self._dispatcher.served_tools(), waited=False)
+        if route is None:
+            name = request.tool_call["name"]
+            served = await await_served(self._dispatcher, name, self.unserved_wait)
+            route = self._route(request, served, waited=True)
+        if route == "local":
             return await handler(request)
-        spec = served.get(request.tool_call["name"])
-        if spec is None:
-            if request.tool is not None and self.unserved_wait > 0:
-                served = await await_served(
-                    self._dispatcher, request.tool_call["name"], self.unserved_wait
-                )
-            spec = served.get(request.tool_call["name"])
-            if spec is None:
-                return self._unserved(request, served)
-        prepared = self._prepare(request, spec)
-        if isinstance(prepared, ToolMessage):
-            return prepared
-        call = prepared
+        if isinstance(route, ToolMessage):
+            return route
+        call = route
         events = ToolCallEvents(request)
         events.track([call])
         deadline = run_deadline(request)
@@ -222,9 +210,24 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             raise
         return self._finish(call, result, events)
 
-    def _placement(self, request: ToolCallRequest, served: Mapping[str, ToolSpec]) -> Placement:
-        placement, _ = self.rules.decide(request.tool_call["name"], request.tool, served)
-        return placement
+    def _route(
+        self, request: ToolCallRequest, served: Mapping[str, ToolSpec], *, waited: bool
+    ) -> Literal["local"] | ToolMessage | PreparedCall | None:
+        """Where the call goes: here, an error answer, or the prepared remote call.
+
+        ``None``: it belongs to the workers but none serves it yet; the caller waits
+        (``unserved_wait``) and asks again with ``waited=True``.
+        """
+        name = request.tool_call["name"]
+        placement, _ = self.rules.decide(name, request.tool, served)
+        if placement == "local":
+            return "local"
+        spec = served.get(name)
+        if spec is None:
+            if not waited and request.tool is not None and self.unserved_wait > 0:
+                return None
+            return self._unserved(request, served)
+        return self._prepare(request, spec)
 
     def _prepare(self, request: ToolCallRequest, spec: ToolSpec) -> PreparedCall | ToolMessage:
         """The call on the wire, with its graph context; an error message if that fails."""

@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from orchestrator.fleet import close_all
-from orchestrator.local import EmbeddedRedis, WorkerProcess
+from orchestrator.local import EmbeddedRedis, WorkerProcess, delete_keys
 from tool_workers.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,25 +40,10 @@ def redis_url() -> Iterator[str]:
             pytest.fail(f"TOOLFLEET_TEST_REDIS_URL={url} does not answer: {exc!r}")
         client.close()
         yield url
-        _delete_keys(url, f"tft-{RUN_ID}-*")
+        delete_keys(url, f"tft-{RUN_ID}-*")
         return
     with EmbeddedRedis() as server:
         yield server.url
-
-
-def _delete_keys(url: str, pattern: str) -> None:
-    client = redis.Redis.from_url(url)
-    try:
-        batch = []
-        for key in client.scan_iter(match=pattern, count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                client.unlink(*batch)
-                batch.clear()
-        if batch:
-            client.unlink(*batch)
-    finally:
-        client.close()
 
 
 def new_namespace() -> str:
