@@ -29,7 +29,8 @@ from celery import Celery
 from orchestrator.outcome import result_from_meta
 from orchestrator.publish import Publisher
 from orchestrator.registry_view import RegistryView
-from orchestrator.results import ResultListener, StateCallback
+from orchestrator.results import ResultListener
+from orchestrator.watch import StateCallback
 from tool_workers.connections import redis_client, redis_connection_kwargs
 from tool_workers.errors import DispatchError, ResultTimeout
 from tool_workers.protocol import Injected, ToolRequest, ToolResult, ToolSpec

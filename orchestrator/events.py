@@ -11,7 +11,7 @@ from typing import Any
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from orchestrator.dispatch import PreparedCall
-from orchestrator.results import PROGRESS
+from orchestrator.watch import PROGRESS
 from tool_workers.progress import HEARTBEAT
 from tool_workers.protocol import ToolResult
 from tool_workers.wire_json import from_wire

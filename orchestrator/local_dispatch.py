@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from langchain_core.tools import BaseTool
 
 from orchestrator.dispatch import PreparedCall
-from orchestrator.results import StateCallback
+from orchestrator.watch import StateCallback
 from tool_workers.errors import ResultTimeout
 from tool_workers.execute import Limits, run_call
 from tool_workers.protocol import ToolResult, ToolSpec

@@ -7,10 +7,13 @@ resolves a :class:`concurrent.futures.Future` per watched task; sync callers blo
 the future, async callers await ``asyncio.wrap_future`` of it, so no caller thread or
 executor slot is held per call.
 
-Nothing is lost between dispatch and subscription: once a subscription is confirmed the
-listener reads the key once (a result stored before the subscription is found there).
-A sweep re-reads the keys of calls still pending every few seconds, so a result
-published while the pub/sub connection was down (a Redis restart) is still collected.
+Calls this process publishes name its *reply channel* (subscribed once) as their
+``reply_to``: the workers publish every state and progress batch of those calls there,
+so no call needs a subscription of its own. A call published by another process (this
+one attached to it) is watched on its own channel; once that subscription is confirmed
+the listener reads the key once (a result stored before it is found there). A sweep
+re-reads the keys of calls still pending every few seconds, so a result published while
+the pub/sub connection was down (a Redis restart) is still collected.
 """
 
 from __future__ import annotations
@@ -18,46 +21,24 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from orchestrator.watch import StateCallback, Watch, WatchTable
+
 log = logging.getLogger("toolfleet.results")
-
-READY_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
-"""Celery states after which a task's result no longer changes."""
-
-PROGRESS = "PROGRESS"
-"""Pseudo-state with which state callbacks receive a running call's progress events."""
 
 IDLE_CHANNEL = b"toolfleet-listener-idle"
 """Subscribed when there is no reply channel, so the pub/sub connection always exists."""
 
 SWEEP_INTERVAL = 2.0
 """Seconds between re-reads of pending results (covers messages missed during outages)."""
-
-StateCallback = Callable[[str, str, dict[str, Any]], None]
-"""Called with (task id, Celery state, meta) when a watched task's state changes."""
-
-
-@dataclass
-class _Watch:
-    future: concurrent.futures.Future[dict[str, Any]]
-    channel: bytes
-    since: float = field(default_factory=time.monotonic)
-    waiters: int = 1
-    on_state: list[StateCallback] = field(default_factory=list)
-    last_state: str | None = None
-    own_channel: bool = True
-    last_activity: float | None = None
-    progress_seq: int = 0
 
 
 class ResultListener:
@@ -86,9 +67,11 @@ class ResultListener:
         self._url = url
         self._connection_kwargs = connection_kwargs or {}
         self._key_for_task = key_for_task
-        self._lock = threading.Lock()
-        self._watches: dict[str, _Watch] = {}
-        self._by_channel: dict[bytes, str] = {}
+        self._table = WatchTable()
+        # The table's own objects, mutated in place (never rebound).
+        self._lock = self._table.lock
+        self._watches = self._table.watches
+        self._by_channel = self._table.by_channel
         self._loop: asyncio.AbstractEventLoop | None = None
         self._commands: asyncio.Queue[tuple[str, list[bytes]]] | None = None
         self._thread: threading.Thread | None = None
@@ -133,7 +116,7 @@ class ResultListener:
                 watch = self._watches.get(task_id)
                 if watch is None:
                     channel = self._key_for_task(task_id)
-                    watch = _Watch(concurrent.futures.Future(), channel, own_channel=subscribe)
+                    watch = Watch(concurrent.futures.Future(), channel, own_channel=subscribe)
                     self._watches[task_id] = watch
                     self._by_channel[channel] = task_id
                     if subscribe:
@@ -332,12 +315,12 @@ class ResultListener:
         elif kind == "unsubscribe":
             self.subscribed.discard(channel)
         elif kind == "message" and channel == self.reply_channel:
-            self._deliver_reply(message["data"])
+            self._table.deliver_reply(message["data"])
         elif kind == "message":
             with self._lock:
                 task_id = self._by_channel.get(channel)
             if task_id is not None:
-                self._deliver(task_id, message["data"])
+                self._table.deliver(task_id, message["data"])
 
     async def _read_catchup(self, client: aioredis.Redis) -> None:
         await asyncio.sleep(0)  # let the rest of the burst's confirmations arrive
@@ -353,7 +336,7 @@ class ResultListener:
                 log.warning("result catch-up read failed (%r)", exc)
                 return
             for (task_id, _), raw in zip(wanted, values, strict=True):
-                self._deliver(task_id, raw)
+                self._table.deliver(task_id, raw)
 
     async def _sweep_forever(self, client: aioredis.Redis) -> None:
         while True:
@@ -369,73 +352,8 @@ class ResultListener:
                 log.warning("result sweep failed (%r); will retry", exc)
                 continue
             for (task_id, _), raw in zip(due, values, strict=True):
-                self._deliver(task_id, raw)
-
-    def _deliver_reply(self, raw: bytes) -> None:
-        try:
-            meta = json.loads(raw)
-        except ValueError:
-            log.error("unreadable state on the reply channel")
-            return
-        task_id = meta.get("task_id") if isinstance(meta, dict) else None
-        if not isinstance(task_id, str):
-            return
-        if "progress" in meta:
-            self._apply_progress(task_id, meta)
-        else:
-            self._apply(task_id, meta)
-
-    def _apply_progress(self, task_id: str, meta: dict[str, Any]) -> None:
-        """A batch of a running call's progress events: to the callbacks, in order."""
-        seq = meta.get("seq")
-        with self._lock:
-            watch = self._watches.get(task_id)
-            if watch is None or watch.future.done():
-                return
-            if isinstance(seq, int):
-                if seq <= watch.progress_seq:
-                    return  # already seen
-                watch.progress_seq = seq
-            watch.last_activity = time.monotonic()
-            callbacks = list(watch.on_state)
-        for callback in callbacks:
-            try:
-                callback(task_id, PROGRESS, meta)
-            except Exception:  # a progress observer must not break result delivery
-                log.exception("progress callback failed")
+                self._table.deliver(task_id, raw)
 
     def last_activity(self, task_id: str) -> float | None:
         """When (monotonic) a started call last showed life; ``None`` if not started."""
-        with self._lock:
-            watch = self._watches.get(task_id)
-            return watch.last_activity if watch is not None else None
-
-    def _deliver(self, task_id: str, raw: bytes | None) -> None:
-        if raw is None:
-            return
-        try:
-            meta = json.loads(raw)
-        except ValueError:
-            log.error("unreadable result for task %s", task_id)
-            return
-        self._apply(task_id, meta)
-
-    def _apply(self, task_id: str, meta: dict[str, Any]) -> None:
-        state = meta.get("status")
-        with self._lock:
-            watch = self._watches.get(task_id)
-            if watch is None or watch.future.done():
-                return
-            changed = state != watch.last_state
-            watch.last_state = state
-            if state == "STARTED" and watch.last_activity is None:
-                watch.last_activity = time.monotonic()
-            callbacks = list(watch.on_state) if changed else []
-        for callback in callbacks:
-            try:
-                callback(task_id, state, meta)
-            except Exception:  # a progress observer must not break result delivery
-                log.exception("result state callback failed")
-        if state in READY_STATES:
-            with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
-                watch.future.set_result(meta)
+        return self._table.last_activity(task_id)
