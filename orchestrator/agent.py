@@ -64,23 +64,25 @@ def checkpointer(settings: Settings) -> Iterator[BaseCheckpointSaver[Any]]:
     """
     if settings.database_url:
         from langgraph.checkpoint.postgres import PostgresSaver
-        from psycopg.rows import dict_row
+        from psycopg import Connection
+        from psycopg.rows import DictRow, dict_row
         from psycopg_pool import ConnectionPool
 
-        with ConnectionPool(
+        pool: ConnectionPool[Connection[DictRow]] = ConnectionPool(
             conninfo=settings.database_url,
             max_size=settings.database_pool_size,
             kwargs=_PG_CONNECTION_KWARGS | {"row_factory": dict_row},
             open=True,
-        ) as pool:
+        )
+        with pool:
             saver = PostgresSaver(pool)
             saver.setup()
             yield saver
         return
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    with SqliteSaver.from_conn_string(str(settings.checkpoint_path)) as saver:
-        yield saver
+    with SqliteSaver.from_conn_string(str(settings.checkpoint_path)) as sqlite_saver:
+        yield sqlite_saver
 
 
 @asynccontextmanager
@@ -88,10 +90,11 @@ async def async_checkpointer(settings: Settings) -> AsyncIterator[BaseCheckpoint
     """An asyncio checkpointer: Postgres (pooled) when ``database_url`` is set, else SQLite."""
     if settings.database_url:
         from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-        from psycopg.rows import dict_row
+        from psycopg import AsyncConnection
+        from psycopg.rows import DictRow, dict_row
         from psycopg_pool import AsyncConnectionPool
 
-        pool = AsyncConnectionPool(
+        pool: AsyncConnectionPool[AsyncConnection[DictRow]] = AsyncConnectionPool(
             conninfo=settings.database_url,
             max_size=settings.database_pool_size,
             kwargs=_PG_CONNECTION_KWARGS | {"row_factory": dict_row},
@@ -107,8 +110,8 @@ async def async_checkpointer(settings: Settings) -> AsyncIterator[BaseCheckpoint
         return
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-    async with AsyncSqliteSaver.from_conn_string(str(settings.checkpoint_path)) as saver:
-        yield saver
+    async with AsyncSqliteSaver.from_conn_string(str(settings.checkpoint_path)) as sqlite_saver:
+        yield sqlite_saver
 
 
 def build_agent(

@@ -69,14 +69,14 @@ def _call_ids(message: AIMessage) -> frozenset[str]:
     cached = _CALL_IDS.get(id(message))
     if cached is not None and cached[0] is message:
         return cached[1]
-    ids = frozenset(tc["id"] for tc in message.tool_calls if tc.get("id"))
+    ids = frozenset(call_id for tc in message.tool_calls if (call_id := tc.get("id")))
     if len(_CALL_IDS) > 256:
         _CALL_IDS.clear()
     _CALL_IDS[id(message)] = (message, ids)
     return ids
 
 
-def owning_message(state: Any, call_id: str) -> AIMessage | None:
+def owning_message(state: Any, call_id: str | None) -> AIMessage | None:
     """The AIMessage in ``state`` that made the call ``call_id`` (the latest one)."""
     for message in reversed(messages_of(state)):
         if isinstance(message, AIMessage) and message.tool_calls and call_id in _call_ids(message):

@@ -11,13 +11,15 @@ import json
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from langchain.agents import create_agent
+from langchain.agents.middleware import InputAgentState
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
 from rich.console import Console
 
 from orchestrator.discovery import discover_tools
@@ -222,10 +224,15 @@ def run_agent(
     console.print(f"[bold cyan]user[/] {prompt}\n")
     state: dict[str, Any] = {}
     t0 = time.perf_counter()
-    config = {"configurable": {"thread_id": thread_id or str(uuid.uuid4())}}
-    for mode, chunk in agent.stream(
-        {"messages": [("user", prompt)]}, config, stream_mode=["updates", "values"]
-    ):
+    config: RunnableConfig = {"configurable": {"thread_id": thread_id or str(uuid.uuid4())}}
+    # A (role, text) pair is a message to LangGraph; InputAgentState's type leaves it out.
+    inputs = cast(InputAgentState, {"messages": [("user", prompt)]})
+    # With a list of stream modes, it yields (mode, chunk) pairs (its type says otherwise).
+    parts = cast(
+        Iterator[tuple[str, Any]],
+        agent.stream(inputs, config, stream_mode=["updates", "values"]),
+    )
+    for mode, chunk in parts:
         if mode == "values":
             state = chunk
             continue

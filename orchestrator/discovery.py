@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 from celery import Celery
 from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
@@ -30,7 +30,7 @@ class RemoteTool(BaseTool):
 
     spec: ToolSpec
     dispatcher: Any = Field(default=None, exclude=True)
-    response_format: str = "content_and_artifact"
+    response_format: Literal["content", "content_and_artifact"] = "content_and_artifact"
     handle_tool_error: bool = True
 
     @classmethod

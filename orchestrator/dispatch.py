@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import threading
 import time
@@ -218,10 +219,10 @@ class CeleryDispatcher:
             self._futures.update(futures)
             self._calls.update((c.task_id, c) for c in fresh)
         for task_id, future in futures.items():
-            future.add_done_callback(lambda _f, t=task_id: self._mark_finished(t))
+            future.add_done_callback(functools.partial(self._mark_finished, task_id))
         return fresh
 
-    def _mark_finished(self, task_id: str) -> None:
+    def _mark_finished(self, task_id: str, _future: object = None) -> None:
         with self._lock:
             if task_id in self._futures:
                 self._finished_at[task_id] = time.monotonic()

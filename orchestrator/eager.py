@@ -65,7 +65,8 @@ def eager_is_safe(me: AgentMiddleware[Any, Any]) -> tuple[bool, bool]:
 
 def edited(tool_call: Mapping[str, Any], edits: Mapping[str, Any] | None) -> dict[str, Any]:
     """``tool_call`` as the reviewer edited it (HITL), or unchanged."""
-    action = edits.get(tool_call.get("id")) if edits else None
+    call_id = tool_call.get("id")
+    action = edits.get(call_id) if edits and call_id is not None else None
     if not action:
         return dict(tool_call)
     return {**tool_call, "name": action["name"], "args": action["args"]}

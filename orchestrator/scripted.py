@@ -46,7 +46,7 @@ class ScriptedChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         return "toolfleet-scripted"
 
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedChatModel:  # type: ignore[override]
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedChatModel:
         """The script decides which tools are called; binding changes nothing."""
         return self
 

@@ -20,8 +20,11 @@ READY_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
 PROGRESS = "PROGRESS"
 """Pseudo-state with which state callbacks receive a running call's progress events."""
 
-StateCallback = Callable[[str, str, dict[str, Any]], None]
-"""Called with (task id, Celery state, meta) when a watched task's state changes."""
+StateCallback = Callable[[str, str | None, dict[str, Any]], None]
+"""Called with (task id, Celery state, meta) when a watched task's state changes.
+
+The state is the meta's ``status`` (``None`` in a meta without one).
+"""
 
 
 @dataclass
@@ -40,7 +43,7 @@ class Watch:
 
 
 def notify(
-    callbacks: Iterable[StateCallback], task_id: str, state: str, meta: dict[str, Any]
+    callbacks: Iterable[StateCallback], task_id: str, state: str | None, meta: dict[str, Any]
 ) -> None:
     """Tell each observer; an observer that fails never stops result delivery."""
     for callback in callbacks:
@@ -94,7 +97,7 @@ class WatchTable:
             watch = self.watches.get(task_id)
             return watch.last_activity if watch is not None else None
 
-    def deliver(self, task_id: str, raw: bytes | None) -> None:
+    def deliver(self, task_id: str, raw: bytes | str | None) -> None:
         """A stored or published state of ``task_id`` (raw JSON meta)."""
         if raw is None:
             return

@@ -14,12 +14,15 @@ Celery makes two):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from celery import states
 from celery.backends.redis import RedisBackend
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
+
+_bytes_to_str: Callable[[str | bytes], str] = bytes_to_str  # kombu leaves it unannotated
 
 REPLY_CHANNEL_MARK = "toolfleet:reply:"
 """Reply channels contain this; other ``reply_to`` values (Celery's defaults) are ignored."""
@@ -72,14 +75,14 @@ class ToolfleetRedisBackend(RedisBackend):  # type: ignore[misc]
         meta = self._get_result_meta(
             result=result, state=state, traceback=traceback, request=request
         )
-        meta["task_id"] = bytes_to_str(task_id)
+        meta["task_id"] = _bytes_to_str(task_id)
         value = self.encode(meta)
         if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:
             raise BackendStoreError(
                 "value too large for Redis backend", state=state, task_id=task_id
             )
         expires = self.failure_expires if state == states.FAILURE else self.expires
-        key = bytes_to_str(self.get_key_for_task(task_id))
+        key = _bytes_to_str(self.get_key_for_task(task_id))
         return [key], [value, int(expires or 0), reply_channel_of(request)]
 
     def store_in(

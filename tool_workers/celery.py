@@ -33,7 +33,7 @@ specs = register_tools(app, tools, settings, policies)
 _publisher: RegistryPublisher | None = None
 
 
-@signals.worker_ready.connect
+@signals.worker_ready.connect  # type: ignore[untyped-decorator]  # celery is unannotated
 def _publish_registry(sender: Any = None, **_: Any) -> None:
     global _publisher
     queues = list(sender.app.amqp.queues.consume_from)
@@ -59,7 +59,7 @@ def _format_logs(logger: logging.Logger, **_: Any) -> None:
     quiet_celery_trace()
 
 
-@signals.worker_shutdown.connect
+@signals.worker_shutdown.connect  # type: ignore[untyped-decorator]  # celery is unannotated
 def _unpublish_registry(**_: Any) -> None:
     if _publisher is not None:
         _publisher.stop()

@@ -10,18 +10,20 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded
 from langchain_core.messages import ToolMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langgraph.prebuilt.tool_node import (
     TOOL_CALL_ERROR_TEMPLATE,
     ToolInvocationError,
     msg_content_output,
 )
-from langgraph.types import Command
+from langgraph.types import Command, Send
 from pydantic import ValidationError
 
 from tool_workers.context import CallContext, call_scope
@@ -154,7 +156,7 @@ def run_call(
     return _to_result(tool.name, output, limits, duration=duration, **timing)
 
 
-def _invoke(tool: BaseTool, call: dict[str, Any], config: dict[str, Any]) -> Any:
+def _invoke(tool: BaseTool, call: dict[str, Any], config: RunnableConfig) -> Any:
     """Run the tool; a tool written as ``async def`` runs on an event loop of its own."""
     if getattr(tool, "func", True) is None and getattr(tool, "coroutine", None) is not None:
         return asyncio.run(tool.ainvoke(call, config))
@@ -181,8 +183,8 @@ def _to_result(name: str, output: Any, limits: Limits, **timing: Any) -> ToolRes
             " Please fix your mistakes.",
             **timing,
         )
-    content = _truncate(content, limits.max_result_bytes)
-    if content is None:
+    truncated = _truncate(content, limits.max_result_bytes)
+    if truncated is None:
         return ToolResult.error(
             "too_large",
             f"Error: the result of '{name}' is over the limit of "
@@ -192,7 +194,7 @@ def _to_result(name: str, output: Any, limits: Limits, **timing: Any) -> ToolRes
     return ToolResult(
         status="error" if output.status == "error" else "success",
         error_kind="tool_error" if output.status == "error" else None,
-        content=content,
+        content=truncated,
         artifact=output.artifact,
         **timing,
     )
@@ -208,7 +210,8 @@ def _command_result(name: str, command: Command[Any], **timing: Any) -> ToolResu
             **timing,
         )
     goto = command.goto
-    if not all(isinstance(g, str) for g in ([goto] if isinstance(goto, str) else goto)):
+    names: Iterable[Any] = [goto] if isinstance(goto, (str, Send)) else goto
+    if not all(isinstance(g, str) for g in names):
         return ToolResult.error(
             "bad_result",
             f"Error: tool '{name}' returned a Command whose goto is not node names.\n"
@@ -220,7 +223,7 @@ def _command_result(name: str, command: Command[Any], **timing: Any) -> ToolResu
     except NotJSONError as exc:
         return ToolResult.error("bad_result", f"Error: tool '{name}' returned {exc}.", **timing)
     return ToolResult(
-        command={"update": update, "goto": goto if isinstance(goto, str) else list(goto)},
+        command={"update": update, "goto": goto if isinstance(goto, str) else list(names)},
         content="",
         **timing,
     )

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langgraph._internal._constants import CONFIG_KEY_RUNTIME
 from langgraph.prebuilt import ToolRuntime
@@ -50,21 +51,22 @@ def _no_write(_: Any) -> None:
     pass
 
 
-def invoke_config(request: ToolRequest, graph: WorkerGraph) -> dict[str, Any]:
+def invoke_config(request: ToolRequest, graph: WorkerGraph) -> RunnableConfig:
     """The config a worker invokes a tool with: ``get_stream_writer()`` and the whitelist."""
     sent = request.injected.config if request.injected else {}
     context = from_wire(request.injected.context) if request.injected else None
     runtime = Runtime(context=context, store=graph.store, stream_writer=graph.write or _no_write)
     configurable = {k: v for k, v in sent.items() if k in ("thread_id", "run_id", "checkpoint_ns")}
-    config: dict[str, Any] = {"configurable": {**configurable, CONFIG_KEY_RUNTIME: runtime}}
-    for key in ("tags", "metadata"):
-        if key in sent:
-            config[key] = sent[key]
+    config: RunnableConfig = {"configurable": {**configurable, CONFIG_KEY_RUNTIME: runtime}}
+    if "tags" in sent:
+        config["tags"] = sent["tags"]
+    if "metadata" in sent:
+        config["metadata"] = sent["metadata"]
     return config
 
 
 def inject(
-    tool: BaseTool, request: ToolRequest, graph: WorkerGraph, config: dict[str, Any]
+    tool: BaseTool, request: ToolRequest, graph: WorkerGraph, config: RunnableConfig
 ) -> dict[str, Any]:
     """The call's arguments with the injected ones added (any sent by the model dropped).
 
@@ -98,12 +100,15 @@ def inject(
         args[wanted.runtime] = ToolRuntime(
             state=state,
             context=config["configurable"][CONFIG_KEY_RUNTIME].context,
-            config={k: v for k, v in config.items() if k != "configurable"}
-            | {
-                "configurable": {
-                    k: v for k, v in config["configurable"].items() if k in CONFIG_WHITELIST
-                }
-            },
+            config=cast(
+                RunnableConfig,
+                {k: v for k, v in config.items() if k != "configurable"}
+                | {
+                    "configurable": {
+                        k: v for k, v in config["configurable"].items() if k in CONFIG_WHITELIST
+                    }
+                },
+            ),
             stream_writer=graph.write or _no_write,
             tool_call_id=request.call_id,
             store=graph.store,

@@ -35,10 +35,11 @@ def open_store(url: str) -> BaseStore:
         if not url.startswith(("postgres://", "postgresql://")):
             raise ConfigError(f"TOOLFLEET_STORE_URL must be a PostgreSQL URL, not {url!r}")
         from langgraph.store.postgres import PostgresStore
-        from psycopg.rows import dict_row
+        from psycopg import Connection
+        from psycopg.rows import DictRow, dict_row
         from psycopg_pool import ConnectionPool
 
-        pool = ConnectionPool(
+        pool: ConnectionPool[Connection[DictRow]] = ConnectionPool(
             conninfo=url,
             max_size=4,
             kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},

@@ -6,6 +6,7 @@ from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded
 from langchain_core.tools import BaseTool, ToolException, tool
+from langgraph.types import Command, Send
 
 from tool_workers import current_call
 from tool_workers.context import CallContext
@@ -228,3 +229,15 @@ def test_given_async_tool_when_run_then_it_runs_on_its_own_loop() -> None:
 
     assert result.status == "success"
     assert result.content == "42"
+
+
+def test_given_command_with_send_goto_when_run_then_bad_result() -> None:
+    @tool
+    def fan() -> Command:  # type: ignore[type-arg]
+        """Returns a Command that sends elsewhere (a remote tool cannot)."""
+        return Command(goto=Send("model", {}))
+
+    result = run_call(fan, request(fan))
+
+    assert result.status == "error" and result.error_kind == "bad_result"
+    assert "goto is not node names" in result.content
