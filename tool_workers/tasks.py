@@ -194,11 +194,13 @@ def _decode(raw: Any, tool: str, worker: str) -> ToolRequest | ToolResult:
     try:
         return ToolRequest.model_validate(raw)
     except ValidationError as exc:
-        log.error("refused malformed call to %s: %s", tool, exc)
+        # Field locations and messages only: the input may hold secrets.
+        problems = exc.errors(include_url=False, include_input=False, include_context=False)
+        log.error("refused malformed call to %s: %s", tool, problems)
         return ToolResult.error(
             "protocol",
             f"Error: the call to '{tool}' is malformed: "
-            f"{exc.error_count()} error(s): {exc.errors(include_url=False)}\n"
+            f"{exc.error_count()} error(s): {problems}\n"
             " Please fix your mistakes.",
             worker=worker,
         )
