@@ -49,9 +49,9 @@ from orchestrator.eager import eager_is_safe, edited, hitl_edits
 from orchestrator.events import ToolCallEvents
 from orchestrator.fleet import dispatcher_for
 from orchestrator.injection import command_from, injected_for
-from orchestrator.placement import Placement, PlacementRules, describe
+from orchestrator.placement import Placement, PlacementRules, configured_tools, describe
 from orchestrator.registry_view import await_served, wait_served
-from tool_workers.errors import ConfigError, ResultTimeout, RunDeadlineExceeded
+from tool_workers.errors import ResultTimeout, RunDeadlineExceeded
 from tool_workers.protocol import ToolResult, ToolSpec, task_id_for
 from tool_workers.wire_json import NotJSONError
 
@@ -101,7 +101,7 @@ class CeleryToolMiddleware(AgentMiddleware):
         settings = getattr(self._dispatcher, "settings", None)
         default_wait = settings.unserved_wait if settings is not None else 10.0
         self.unserved_wait = default_wait if unserved_wait is None else unserved_wait
-        self.rules = PlacementRules(placement, configured=_configured_tools(settings))
+        self.rules = PlacementRules(placement, configured=configured_tools(settings))
         self._published: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._delivered: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._retry_of: dict[str, str] = {}
@@ -373,17 +373,6 @@ class CeleryToolMiddleware(AgentMiddleware):
             queue=call.queue,
             spec=call.spec,
         )
-
-
-def _configured_tools(settings: Any) -> set[str]:
-    """Tools the policy file configures for the workers (empty if it cannot be read)."""
-    if settings is None:
-        return set()
-    try:
-        return set(settings.policies().tools)
-    except ConfigError as exc:
-        log.warning("tool policy not readable (%s); no tool is placed by it", exc)
-        return set()
 
 
 def _error(request: ToolCallRequest, kind: str, content: str) -> ToolMessage:
