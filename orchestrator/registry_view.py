@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Protocol
 
 import redis
@@ -26,7 +27,7 @@ class RegistryView:
         self._prefix = settings.key_prefix
         self._lock = threading.Lock()
         self._entries: list[WorkerEntry] = []
-        self._tools: dict[str, ToolSpec] = {}
+        self._tools: Mapping[str, ToolSpec] = MappingProxyType({})
         self._read_at = float("-inf")
 
     def refresh(self) -> None:
@@ -34,7 +35,8 @@ class RegistryView:
         entries = read_entries(self._client, self._prefix)
         with self._lock:
             self._entries = entries
-            self._tools = served_tools(entries)
+            # Replaced whole, never mutated: readers share it without a copy.
+            self._tools = MappingProxyType(served_tools(entries))
             self._read_at = time.monotonic()
 
     def _fresh(self) -> None:
@@ -45,23 +47,13 @@ class RegistryView:
         """Tools some live worker serves, by name."""
         self._fresh()
         with self._lock:
-            return dict(self._tools)
+            return self._tools
 
     def workers(self) -> list[WorkerEntry]:
         """Every live worker's entry."""
         self._fresh()
         with self._lock:
             return list(self._entries)
-
-    def wait_for(self, names: set[str], timeout: float) -> Mapping[str, ToolSpec]:
-        """Poll until every tool in ``names`` is served or ``timeout`` passes; the tools found."""
-        deadline = time.monotonic() + timeout
-        while True:
-            tools = self.tools()
-            if names <= tools.keys() or time.monotonic() >= deadline:
-                return tools
-            time.sleep(min(0.25, max(deadline - time.monotonic(), 0)))
-            self.refresh()
 
 
 class _Serving(Protocol):

@@ -41,10 +41,19 @@ class WorkerGraph:
     write: Callable[[Any], None] | None = None
 
 
+_INJECTED: dict[int, tuple[BaseTool, InjectedArgs]] = {}
+"""Injected arguments by tool (reflection on type hints: once per tool, not per call)."""
+
+
 def injected_args_of(tool: BaseTool) -> InjectedArgs:
     """The arguments LangGraph would inject into ``tool``."""
+    cached = _INJECTED.get(id(tool))
+    if cached is not None and cached[0] is tool:
+        return cached[1]
     found = _get_all_injected_args(tool)
-    return InjectedArgs(state=dict(found.state), store=found.store, runtime=found.runtime)
+    args = InjectedArgs(state=dict(found.state), store=found.store, runtime=found.runtime)
+    _INJECTED[id(tool)] = (tool, args)
+    return args
 
 
 def _no_write(_: Any) -> None:

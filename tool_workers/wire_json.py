@@ -8,7 +8,6 @@ not JSON is refused with an error naming where it was found.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,11 +56,3 @@ def from_wire(value: Any) -> Any:
     if isinstance(value, list):
         return [from_wire(item) for item in value]
     return value
-
-
-def check_json(value: Any, where: str) -> None:
-    """Raise :class:`NotJSONError` unless ``value`` (already plain) serialises."""
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError) as exc:
-        raise NotJSONError(f"{where} cannot be sent as JSON: {exc}") from exc
