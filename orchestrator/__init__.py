@@ -10,14 +10,19 @@ Example::
 
 from __future__ import annotations
 
+# The agent side: what an agent author touches.
+from orchestrator.calls import PreparedCall
 from orchestrator.deadline import with_deadline
-from orchestrator.discovery import RemoteTool, discover_tools
-from orchestrator.dispatch import CeleryDispatcher, Dispatcher, PreparedCall
-from orchestrator.fleet import dispatcher_for
+
+# The transport: the dispatcher seam and the Celery implementation behind it.
+from orchestrator.dispatch import CeleryDispatcher, Dispatcher, InProcessDispatcher, dispatcher_for
 from orchestrator.middleware import CeleryToolMiddleware
 from orchestrator.node import RemoteToolNode
 from orchestrator.scripted import ScriptedChatModel
+from orchestrator.tools import RemoteTool, discover_tools
 from orchestrator.transcript import aclose_pending_calls, close_pending_calls
+
+# Errors and settings (shared with the workers).
 from tool_workers.errors import (
     ConfigError,
     DispatchError,
@@ -35,6 +40,7 @@ __all__ = [
     "ConfigError",
     "DispatchError",
     "Dispatcher",
+    "InProcessDispatcher",
     "PreparedCall",
     "RemoteTool",
     "RemoteToolNode",

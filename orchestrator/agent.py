@@ -13,10 +13,12 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
-from orchestrator.discovery import discover_tools
-from orchestrator.dispatch import Dispatcher
+from orchestrator.dispatch.base import Dispatcher
+from orchestrator.dispatch.fleet import dispatcher_for
 from orchestrator.middleware import CeleryToolMiddleware
+from orchestrator.sample import scripted_model
 from orchestrator.scripted import SCRIPTED
+from orchestrator.tools import discover_tools
 from tool_workers.errors import ConfigError
 from tool_workers.settings import Settings
 
@@ -33,8 +35,6 @@ def chat_model(spec: str | None) -> BaseChatModel:
         ConfigError: the import path does not lead to a chat model.
     """
     if spec is None or spec == SCRIPTED:
-        from orchestrator.demo import scripted_model
-
         return scripted_model()
     module_name, sep, attribute = spec.partition(":")
     if not (sep and "." in module_name):  # provider names never contain a dot
@@ -137,8 +137,6 @@ def build_agent(
         system_prompt: System prompt of the agent.
         wait_for_tools: Seconds to wait for workers when discovering tools.
     """
-    from orchestrator.fleet import dispatcher_for
-
     dispatcher = dispatcher or dispatcher_for(settings=settings)
     if tools is None:
         tools = discover_tools(dispatcher=dispatcher, wait=wait_for_tools)

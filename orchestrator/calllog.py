@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from orchestrator.dispatch import PreparedCall
+from orchestrator.calls import PreparedCall
 from tool_workers.protocol import ToolResult
 
 log = logging.getLogger("toolfleet.orchestrator.calls")

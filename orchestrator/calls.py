@@ -1,18 +1,56 @@
-"""A ToolCallRequest as a call on the wire, and a result as a ToolMessage."""
+"""A tool call ready to cross the wire (:class:`PreparedCall`), and how one is made.
+
+A leaf module: it imports nothing of the transport, so the agent-facing modules and the
+dispatchers can all use the value type without importing each other.
+"""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
-from orchestrator.dispatch import PreparedCall
-from tool_workers.protocol import ToolResult, ToolSpec, call_key, task_id_for
+from tool_workers.protocol import Injected, ToolRequest, ToolSpec, call_key, task_id_for
 
-log = logging.getLogger("toolfleet.orchestrator")
+
+@dataclass(frozen=True, slots=True)
+class PreparedCall:
+    """A tool call ready to cross the wire."""
+
+    tool: str
+    call_id: str
+    args: dict[str, Any]
+    task_id: str
+    thread_id: str | None = None
+    run_id: str | None = None
+    queue: str | None = None
+    spec: ToolSpec | None = field(default=None, compare=False)
+    injected: Injected | None = field(default=None, compare=False)
+    """Graph context the tool declared it needs."""
+    attempt: int = 0
+    """0 for the first dispatch; n for the n-th time an outer middleware retries the call."""
+
+    def request(self) -> ToolRequest:
+        """The wire request for this call."""
+        return ToolRequest(
+            tool=self.tool,
+            call_id=self.call_id,
+            args=self.args,
+            idempotency_key=self.task_id,
+            thread_id=self.thread_id,
+            run_id=self.run_id,
+            injected=self.injected,
+            progress=True,
+        )
+
+    @property
+    def idle_timeout(self) -> float | None:
+        """Seconds a started call may show no life (its tool's ``idle_timeout`` policy)."""
+        value = self.spec.options.get("idle_timeout") if self.spec is not None else None
+        return float(value) if value else None
 
 
 def prepare(request: ToolCallRequest, spec: ToolSpec) -> PreparedCall:
@@ -86,57 +124,3 @@ def owning_message(state: Any, call_id: str | None) -> AIMessage | None:
 
 def answered_ids(state: Any) -> set[str]:
     return {m.tool_call_id for m in messages_of(state) if isinstance(m, ToolMessage)}
-
-
-def to_message(call: PreparedCall, result: ToolResult) -> ToolMessage:
-    """The ToolMessage for a call's result, as a local ToolNode would have built it."""
-    return ToolMessage(
-        content=result.content,
-        artifact=result.artifact,
-        status=result.status,
-        name=call.tool,
-        tool_call_id=call.call_id,
-        response_metadata={
-            "toolfleet": {
-                "task_id": call.task_id,
-                "worker": result.worker,
-                "pid": result.pid,
-                "duration": result.duration,
-                "error_kind": result.error_kind,
-            }
-        },
-    )
-
-
-def answer_invalid_calls(state: Any) -> dict[str, Any] | None:
-    """Error ToolMessages for the last AIMessage's ``invalid_tool_calls`` (state update).
-
-    Jumps back to the model when the message made no valid call.
-    """
-    messages = messages_of(state)
-    last = messages[-1] if messages else None
-    if not isinstance(last, AIMessage) or not last.invalid_tool_calls:
-        return None
-    answered = answered_ids(state)
-    errors = [
-        ToolMessage(
-            content=(
-                f"Error: the arguments of your call to '{bad.get('name')}' are not "
-                f"valid JSON ({bad.get('error') or 'unparseable'}): {bad.get('args')!r}\n"
-                " Please fix your mistakes."
-            ),
-            name=bad.get("name") or "invalid_tool_call",
-            tool_call_id=bad["id"],
-            status="error",
-            response_metadata={"toolfleet": {"error_kind": "invalid_args"}},
-        )
-        for bad in last.invalid_tool_calls
-        if bad.get("id") and bad["id"] not in answered
-    ]
-    if not errors:
-        return None
-    log.warning("%d tool call(s) with malformed arguments answered with errors", len(errors))
-    update: dict[str, Any] = {"messages": errors}
-    if not last.tool_calls:
-        update["jump_to"] = "model"
-    return update

@@ -37,5 +37,6 @@ def run_deadline(request: ToolCallRequest) -> float | None:
     return float(value) if value is not None else None
 
 
-def _remaining(deadline: float | None) -> float | None:
+def remaining(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (never negative); ``None`` without a deadline."""
     return None if deadline is None else max(deadline - time.time(), 0.0)

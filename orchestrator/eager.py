@@ -12,10 +12,18 @@ edits of LangChain's human-in-the-loop middleware (batched mode) are applied fir
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware
+from langchain_core.messages import AIMessage
+from langgraph.prebuilt.tool_node import ToolCallRequest
+
+from orchestrator.calls import PreparedCall, answered_ids, prepare_raw
+from orchestrator.injection import injected_for
+from tool_workers.protocol import ToolSpec
+from tool_workers.wire_json import NotJSONError
 
 SAFE_OUTER = frozenset({"ToolRetryMiddleware", "ToolErrorMiddleware"})
 """Outer wrappers that pass each call on unchanged (retries get attempts of their own)."""
@@ -70,3 +78,39 @@ def edited(tool_call: Mapping[str, Any], edits: Mapping[str, Any] | None) -> dic
     if not action:
         return dict(tool_call)
     return {**tool_call, "name": action["name"], "args": action["args"]}
+
+
+def pending_siblings(
+    request: ToolCallRequest,
+    message: AIMessage,
+    call: PreparedCall,
+    served: Mapping[str, ToolSpec],
+    remote: Callable[[str], bool],
+    edits: Mapping[str, Any] | None,
+) -> list[PreparedCall]:
+    """Every unanswered call of ``message`` bound for the workers, ready to publish.
+
+    Args:
+        request: The request of the call that arrived first (its state and run).
+        message: The AIMessage that made the calls.
+        call: That first call, prepared (its thread and run ids are the siblings').
+        served: The tools the workers serve now.
+        remote: Whether calls of a tool (by name) run on the workers.
+        edits: The reviewer's edits to apply first (HITL), by call id.
+    """
+    done = answered_ids(request.state)
+    siblings = []
+    for original in message.tool_calls:
+        if not original.get("id") or original["id"] in done:
+            continue
+        tool_call = edited(original, edits)
+        spec = served.get(tool_call["name"])
+        if spec is None or not remote(tool_call["name"]):
+            continue
+        try:
+            injected = injected_for(spec, request)
+        except NotJSONError:
+            continue  # its own Send task reports the error
+        sibling = prepare_raw(tool_call, spec, call.thread_id, call.run_id, message.id)
+        siblings.append(replace(sibling, injected=injected))
+    return siblings

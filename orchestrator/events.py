@@ -10,10 +10,9 @@ from typing import Any
 
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
-from orchestrator.dispatch import PreparedCall
-from orchestrator.watch import PROGRESS
-from tool_workers.progress import HEARTBEAT
-from tool_workers.protocol import ToolResult
+from orchestrator.calls import PreparedCall
+from orchestrator.dispatch.watch import PROGRESS
+from tool_workers.protocol import HEARTBEAT, ToolResult
 from tool_workers.wire_json import from_wire
 
 log = logging.getLogger("toolfleet.orchestrator")

@@ -24,33 +24,33 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Literal, overload
+from typing import Any, Literal
 
 from langchain.agents.middleware import AgentMiddleware, hook_config
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import BaseTool
-from langgraph.prebuilt.tool_node import INVALID_TOOL_NAME_ERROR_TEMPLATE, ToolCallRequest
+from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
 from orchestrator.calllog import log_finished
-from orchestrator.calls import (
-    answer_invalid_calls,
-    answered_ids,
-    owning_message,
-    prepare,
-    prepare_raw,
-    to_message,
-)
-from orchestrator.deadline import _remaining, run_deadline
-from orchestrator.dispatch import Dispatcher, PreparedCall
-from orchestrator.eager import eager_is_safe, edited, hitl_edits
+from orchestrator.calls import PreparedCall, owning_message, prepare
+from orchestrator.deadline import remaining, run_deadline
+from orchestrator.dispatch.base import Dispatcher
+from orchestrator.dispatch.fleet import dispatcher_for
+from orchestrator.eager import eager_is_safe, hitl_edits, pending_siblings
 from orchestrator.events import ToolCallEvents
-from orchestrator.fleet import dispatcher_for
 from orchestrator.injection import command_from, injected_for
+from orchestrator.messages import (
+    answer_invalid_calls,
+    error_message,
+    not_sendable_text,
+    result_message,
+    unknown_tool_text,
+    unserved_text,
+)
 from orchestrator.placement import Placement, PlacementRules, configured_tools, describe
-from orchestrator.registry_view import await_served, wait_served
 from tool_workers.errors import ResultTimeout, RunDeadlineExceeded
 from tool_workers.protocol import ToolResult, ToolSpec, task_id_for
 from tool_workers.wire_json import NotJSONError
@@ -59,6 +59,21 @@ log = logging.getLogger("toolfleet.orchestrator")
 
 _EAGER_MEMORY = 4096
 """AIMessages whose calls were already published, remembered to skip re-publishing."""
+
+_POLL = 0.25
+"""Seconds between registry reads while a call waits for a worker serving its tool."""
+
+
+class _Wait:
+    """Route of a call whose tool no worker serves yet: it waits for one to appear."""
+
+
+WAIT = _Wait()
+
+Decided = Literal["local"] | ToolMessage | PreparedCall
+"""Where a call goes: here, answered in its place, or to the workers."""
+
+Route = Decided | _Wait
 
 
 class CeleryToolMiddleware(AgentMiddleware):
@@ -98,14 +113,14 @@ class CeleryToolMiddleware(AgentMiddleware):
         super().__init__()
         self._dispatcher = dispatcher if dispatcher is not None else dispatcher_for(app)
         self.eager_dispatch = eager_dispatch
-        settings = getattr(self._dispatcher, "settings", None)
-        default_wait = settings.unserved_wait if settings is not None else 10.0
-        self.unserved_wait = default_wait if unserved_wait is None else unserved_wait
+        settings = self._dispatcher.settings
+        self.unserved_wait = settings.unserved_wait if unserved_wait is None else unserved_wait
         self.rules = PlacementRules(placement, configured=configured_tools(settings))
         self._published: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._delivered: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._retry_of: dict[str, str] = {}
         self._placements_seen: set[frozenset[str]] = set()
+        self._cancelling: set[asyncio.Task[None]] = set()
 
     @property
     def dispatcher(self) -> Dispatcher:
@@ -116,28 +131,37 @@ class CeleryToolMiddleware(AgentMiddleware):
 
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         """Pass the model call on; note where the agent's tools run, once per tool set."""
-        self._note_placement(request.tools)
+        tools = self._new_tool_set(request.tools)
+        if tools is not None:
+            self._dispatcher.note_placement(self._placement(tools, self._dispatcher.served_tools()))
         return handler(request)
 
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
         """Async flavour of :meth:`wrap_model_call`."""
-        self._note_placement(request.tools)
+        tools = self._new_tool_set(request.tools)
+        if tools is not None:
+            served = await self._dispatcher.served_tools_async()
+            await self._dispatcher.note_placement_async(self._placement(tools, served))
         return await handler(request)
 
-    def _note_placement(self, tools: Sequence[Any]) -> None:
-        names = frozenset(getattr(t, "name", "") for t in tools if isinstance(t, BaseTool))
+    def _new_tool_set(self, tools: Sequence[Any]) -> list[BaseTool] | None:
+        """The agent's tools, the first time this set of tools is seen; else ``None``."""
+        agent_tools = [t for t in tools if isinstance(t, BaseTool)]
+        names = frozenset(t.name for t in agent_tools)
         if names in self._placements_seen:
-            return
+            return None
         self._placements_seen.add(names)
-        table = self.rules.table(
-            [t for t in tools if isinstance(t, BaseTool)], self._dispatcher.served_tools()
-        )
-        log.info(describe(table))
-        note = getattr(self._dispatcher, "note_placement", None)
-        if note is not None:
-            note(table)
+        return agent_tools
 
-    # -- the tool hooks -------------------------------------------------------------------
+    def _placement(
+        self, tools: list[BaseTool], served: Mapping[str, ToolSpec]
+    ) -> dict[str, dict[str, str]]:
+        """Where each of the agent's tools runs (logged; the caller publishes it)."""
+        table = self.rules.table(tools, served)
+        log.info(describe(table))
+        return table
+
+    # -- the tool hooks: the same decisions, sync and async; they differ in how they wait
 
     def wrap_tool_call(
         self,
@@ -145,33 +169,36 @@ class CeleryToolMiddleware(AgentMiddleware):
         handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
     ) -> ToolMessage | Command[Any]:
         """Run the call on the workers (publishing its pending siblings eagerly) or here."""
-        route = self._route(request, self._dispatcher.served_tools(), waited=False)
-        if route is None:
-            name = request.tool_call["name"]
-            served = wait_served(self._dispatcher, name, self.unserved_wait)
-            route = self._route(request, served, waited=True)
+        route = self._route(request, self._dispatcher.served_tools())
+        if isinstance(route, _Wait):
+            for delay in self._waiting_for_worker(request):
+                time.sleep(delay)
+                route = self._route(request, self._dispatcher.served_tools())
+                if not isinstance(route, _Wait):
+                    break
+        route = self._after_waiting(request, route)
         if route == "local":
             return handler(request)
         if isinstance(route, ToolMessage):
             return route
-        call = route
         events = ToolCallEvents(request)
+        call = route
         if self.eager_dispatch and call.attempt == 0:
             self._publish_siblings(request, call, events)
-        call = self._reconcile(call)
-        deadline = run_deadline(request)
+            call = self._reconcile(call)
         events.track([call])
-        if deadline is not None and deadline <= time.time():
+        deadline = run_deadline(request)
+        if _passed(deadline):
             self._dispatcher.cancel([call])  # published eagerly by a sibling, maybe
-            raise RunDeadlineExceeded(f"run deadline passed before {call.tool} could run")
+            raise _deadline_error(call, before=True)
         self._dispatcher.submit([call], events.on_state)
         events.dispatched(call)
         try:
-            result = self._dispatcher.wait(call, _remaining(deadline))
+            result = self._dispatcher.wait(call, remaining(deadline))
         except ResultTimeout as exc:
             self._dispatcher.cancel([call], terminate=True)
             events.cancelled(call)
-            raise RunDeadlineExceeded(f"run deadline passed while {call.tool} ran") from exc
+            raise _deadline_error(call, before=False) from exc
         return self._finish(call, result, events)
 
     async def awrap_tool_call(
@@ -180,53 +207,45 @@ class CeleryToolMiddleware(AgentMiddleware):
         handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
     ) -> ToolMessage | Command[Any]:
         """Run the call on the workers (batched with this loop turn's calls) or here."""
-        route = self._route(request, self._dispatcher.served_tools(), waited=False)
-        if route is None:
-            name = request.tool_call["name"]
-            served = await await_served(self._dispatcher, name, self.unserved_wait)
-            route = self._route(request, served, waited=True)
+        route = self._route(request, await self._dispatcher.served_tools_async())
+        if isinstance(route, _Wait):
+            for delay in self._waiting_for_worker(request):
+                await asyncio.sleep(delay)
+                route = self._route(request, await self._dispatcher.served_tools_async())
+                if not isinstance(route, _Wait):
+                    break
+        route = self._after_waiting(request, route)
         if route == "local":
             return await handler(request)
         if isinstance(route, ToolMessage):
             return route
-        call = route
         events = ToolCallEvents(request)
+        call = route
         events.track([call])
         deadline = run_deadline(request)
-        if deadline is not None and deadline <= time.time():
-            raise RunDeadlineExceeded(f"run deadline passed before {call.tool} could run")
+        if _passed(deadline):
+            raise _deadline_error(call, before=True)
         try:
-            await _submit_async(self._dispatcher, call, events)
+            await self._dispatcher.submit_async(call, events.on_state)
             events.dispatched(call)
-            result = await self._dispatcher.wait_async(call, _remaining(deadline))
+            result = await self._dispatcher.wait_async(call, remaining(deadline))
         except ResultTimeout as exc:
-            self._dispatcher.cancel([call], terminate=True)
+            await self._dispatcher.cancel_async([call], terminate=True)
             events.cancelled(call)
-            raise RunDeadlineExceeded(f"run deadline passed while {call.tool} ran") from exc
+            raise _deadline_error(call, before=False) from exc
         except asyncio.CancelledError:
             # The run was cancelled (or a sibling failed): nothing keeps working for it.
-            self._dispatcher.cancel([call], terminate=True)
+            # The revoke goes out from a task of its own: this one is being cancelled.
+            self._revoke_soon(call)
             events.cancelled(call)
             raise
         return self._finish(call, result, events)
 
-    @overload
-    def _route(
-        self, request: ToolCallRequest, served: Mapping[str, ToolSpec], *, waited: Literal[True]
-    ) -> Literal["local"] | ToolMessage | PreparedCall: ...
+    def _route(self, request: ToolCallRequest, served: Mapping[str, ToolSpec]) -> Route:
+        """Where the call goes, given the tools served now.
 
-    @overload
-    def _route(
-        self, request: ToolCallRequest, served: Mapping[str, ToolSpec], *, waited: bool
-    ) -> Literal["local"] | ToolMessage | PreparedCall | None: ...
-
-    def _route(
-        self, request: ToolCallRequest, served: Mapping[str, ToolSpec], *, waited: bool
-    ) -> Literal["local"] | ToolMessage | PreparedCall | None:
-        """Where the call goes: here, an error answer, or the prepared remote call.
-
-        ``None``: it belongs to the workers but none serves it yet; the caller waits
-        (``unserved_wait``) and asks again with ``waited=True``.
+        :data:`WAIT`: it belongs to the workers, none serves it yet, and it may wait
+        (``unserved_wait``, bounded by the run's deadline) for one to appear.
         """
         name = request.tool_call["name"]
         placement, _ = self.rules.decide(name, request.tool, served)
@@ -234,17 +253,57 @@ class CeleryToolMiddleware(AgentMiddleware):
             return "local"
         spec = served.get(name)
         if spec is None:
-            if not waited and request.tool is not None and self.unserved_wait > 0:
-                return None
-            return self._unserved(request, served)
+            if request.tool is None:  # not a tool of this agent: no worker will bring it
+                log.warning("call %s to unknown tool %s", request.tool_call["id"], name)
+                return error_message(
+                    name, request.tool_call["id"], "unknown_tool", unknown_tool_text(name, served)
+                )
+            return WAIT
         return self._prepare(request, spec)
+
+    def _waiting_for_worker(self, request: ToolCallRequest) -> Iterator[float]:
+        """The sleeps of a call waiting for a worker: ``unserved_wait`` at most, never
+        past the run's deadline."""
+        budget = self.unserved_wait
+        deadline = run_deadline(request)
+        if deadline is not None:
+            budget = min(budget, max(deadline - time.time(), 0.0))
+        until = time.monotonic() + budget
+        while (left := until - time.monotonic()) > 0:
+            yield min(_POLL, left)
+
+    def _after_waiting(self, request: ToolCallRequest, route: Route) -> Decided:
+        """A call still unserved after its wait: the run's deadline, or an error answer.
+
+        Raises:
+            RunDeadlineExceeded: the run's deadline passed while the call waited.
+        """
+        if not isinstance(route, _Wait):
+            return route
+        name = request.tool_call["name"]
+        if _passed(run_deadline(request)):
+            raise RunDeadlineExceeded(f"run deadline passed before a worker served {name}")
+        log.warning("call %s to %s not dispatched: unserved", request.tool_call["id"], name)
+        return error_message(
+            name, request.tool_call["id"], "unserved", unserved_text(name, self.unserved_wait)
+        )
+
+    def _revoke_soon(self, call: PreparedCall) -> None:
+        task = asyncio.get_running_loop().create_task(self._dispatcher.cancel_async([call]))
+        self._cancelling.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self._cancelling.discard)
 
     def _prepare(self, request: ToolCallRequest, spec: ToolSpec) -> PreparedCall | ToolMessage:
         """The call on the wire, with its graph context; an error message if that fails."""
         try:
             injected = injected_for(spec, request)
         except NotJSONError as exc:
-            return _error(request, "context", f"Error: cannot send this call: {exc}.")
+            return error_message(
+                request.tool_call["name"],
+                request.tool_call["id"],
+                "context",
+                not_sendable_text(exc),
+            )
         call = prepare(request, spec)
         # Called again for a call it already answered: an outer middleware retries it.
         attempt = self._delivered.get(call.task_id, 0)
@@ -266,7 +325,7 @@ class CeleryToolMiddleware(AgentMiddleware):
             self._delivered.popitem(last=False)
         if result.command is not None:
             return command_from(result.command, call.tool, call.call_id)
-        return to_message(call, result)
+        return result_message(call, result)
 
     @hook_config(can_jump_to=["model"])
     def after_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
@@ -284,31 +343,6 @@ class CeleryToolMiddleware(AgentMiddleware):
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _spec(self, request: ToolCallRequest) -> ToolSpec | None:
-        return self._dispatcher.served_tools().get(request.tool_call["name"])
-
-    def _unserved(self, request: ToolCallRequest, served: Mapping[str, ToolSpec]) -> ToolMessage:
-        name = request.tool_call["name"]
-        if request.tool is None:
-            content = INVALID_TOOL_NAME_ERROR_TEMPLATE.format(
-                requested_tool=name, available_tools=", ".join(sorted(served))
-            )
-            kind = "unknown_tool"
-        else:
-            content = (
-                f"Error: no worker serves the tool '{name}' right now (waited "
-                f"{self.unserved_wait:g} s).\n Try again later or use another tool."
-            )
-            kind = "unserved"
-        log.warning("call %s to %s not dispatched: %s", request.tool_call["id"], name, kind)
-        return ToolMessage(
-            content=content,
-            name=name,
-            tool_call_id=request.tool_call["id"],
-            status="error",
-            response_metadata={"toolfleet": {"error_kind": kind}},
-        )
-
     def _publish_siblings(
         self, request: ToolCallRequest, call: PreparedCall, events: ToolCallEvents
     ) -> None:
@@ -325,34 +359,22 @@ class CeleryToolMiddleware(AgentMiddleware):
         if not safe:
             log.info("middleware outside toolfleet's may gate or edit calls: no eager fan-out")
             return
-        edits = hitl_edits(request.state) if apply_edits else None
         served = self._dispatcher.served_tools()
-        done = answered_ids(request.state)
         tools = {t.name: t for t in (getattr(request.runtime, "tools", None) or [])}
-        siblings = []
-        for original in message.tool_calls:
-            if not original.get("id") or original["id"] in done:
-                continue
-            tool_call = edited(original, edits)
-            spec = served.get(tool_call["name"])
-            if spec is None or (
-                self.rules.decide(tool_call["name"], tools.get(tool_call["name"]), served)[0]
-                != "remote"
-            ):
-                continue
-            try:
-                injected = injected_for(spec, request)
-            except NotJSONError:
-                continue  # its own Send task reports the error
-            sibling = prepare_raw(tool_call, spec, call.thread_id, call.run_id, message.id)
-            siblings.append(replace(sibling, injected=injected))
+
+        def remote(name: str) -> bool:
+            return self.rules.decide(name, tools.get(name), served)[0] == "remote"
+
+        edits = hitl_edits(request.state) if apply_edits else None
+        siblings = pending_siblings(request, message, call, served, remote, edits)
         events.track(siblings)
         self._dispatcher.submit(siblings, events.on_state)
 
     def _reconcile(self, call: PreparedCall) -> PreparedCall:
-        """A call that reached us edited (by an outer middleware) is not the one published."""
-        submitted = getattr(self._dispatcher, "submitted", None)
-        published = submitted(call.task_id) if submitted is not None else None
+        """A call that reached us edited (by an outer middleware) is not the one published:
+        revoke that one; the edited call goes out under a task id of its own, with the
+        same graph context and attempt."""
+        published = self._dispatcher.submitted(call.task_id)
         if published is None or published.args == call.args:
             return call
         log.warning(
@@ -363,31 +385,14 @@ class CeleryToolMiddleware(AgentMiddleware):
         )
         self._dispatcher.cancel([published])
         digest = hashlib.sha256(json.dumps(call.args, sort_keys=True).encode()).hexdigest()[:16]
-        return PreparedCall(
-            tool=call.tool,
-            call_id=call.call_id,
-            args=call.args,
-            task_id=task_id_for(f"{call.task_id}\x1fedit:{digest}"),
-            thread_id=call.thread_id,
-            run_id=call.run_id,
-            queue=call.queue,
-            spec=call.spec,
-        )
+        return replace(call, task_id=task_id_for(f"{call.task_id}\x1fedit:{digest}"))
 
 
-def _error(request: ToolCallRequest, kind: str, content: str) -> ToolMessage:
-    return ToolMessage(
-        content=content,
-        name=request.tool_call["name"],
-        tool_call_id=request.tool_call["id"],
-        status="error",
-        response_metadata={"toolfleet": {"error_kind": kind}},
-    )
+def _passed(deadline: float | None) -> bool:
+    return deadline is not None and deadline <= time.time()
 
 
-async def _submit_async(dispatcher: Dispatcher, call: PreparedCall, events: ToolCallEvents) -> None:
-    submit_async = getattr(dispatcher, "submit_async", None)
-    if submit_async is not None:
-        await submit_async(call, events.on_state)
-    else:
-        dispatcher.submit([call], events.on_state)
+def _deadline_error(call: PreparedCall, *, before: bool) -> RunDeadlineExceeded:
+    when = "before" if before else "while"
+    verb = "could run" if before else "ran"
+    return RunDeadlineExceeded(f"run deadline passed {when} {call.tool} {verb}")

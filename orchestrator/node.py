@@ -9,7 +9,7 @@ from celery import Celery
 from langchain_core.tools import BaseTool
 from langgraph.prebuilt import ToolNode
 
-from orchestrator.dispatch import Dispatcher
+from orchestrator.dispatch.base import Dispatcher
 from orchestrator.middleware import CeleryToolMiddleware
 
 

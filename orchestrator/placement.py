@@ -16,16 +16,14 @@ Every other call runs in this process, unchanged.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import socket
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 
+from orchestrator.tools import RemoteTool
 from tool_workers.errors import ConfigError
 from tool_workers.protocol import ToolSpec
 
@@ -63,7 +61,7 @@ class PlacementRules:
             return self._overrides[name], "placement override"
         if tool is None:
             return "remote", "not defined here"
-        if _is_remote_tool(tool):
+        if isinstance(tool, RemoteTool):
             return "remote", "schema-only tool"
         pinned = (tool.metadata or {}).get(METADATA_KEY)
         if pinned in ("local", "remote"):
@@ -81,8 +79,6 @@ class PlacementRules:
         cached = self._local_args.get(id(tool))
         if cached is not None and cached[0] is tool:
             return cached[1]
-        from langchain_core.utils.function_calling import convert_to_openai_tool
-
         try:
             names = _argument_names(convert_to_openai_tool(tool)["function"]["parameters"])
         except Exception:  # a tool whose schema cannot be rendered is not the served one
@@ -99,24 +95,6 @@ class PlacementRules:
             placement, reason = self.decide(tool.name, tool, served)
             out[tool.name] = {"placement": placement, "reason": reason}
         return out
-
-
-def _is_remote_tool(tool: BaseTool) -> bool:
-    from orchestrator.discovery import RemoteTool
-
-    return isinstance(tool, RemoteTool)
-
-
-def placement_key(key_prefix: str) -> str:
-    """Redis key where this orchestrator process publishes its agents' placement."""
-    return f"{key_prefix}placement:{socket.gethostname()}:{os.getpid()}"
-
-
-def placement_record(table: Mapping[str, Mapping[str, str]]) -> str:
-    """The JSON an orchestrator publishes (read by ``toolfleet status``)."""
-    return json.dumps(
-        {"host": socket.gethostname(), "pid": os.getpid(), "at": time.time(), "tools": table}
-    )
 
 
 def describe(table: Mapping[str, Mapping[str, str]]) -> str:

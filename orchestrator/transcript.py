@@ -11,6 +11,8 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, ToolMessage
 
+from orchestrator.messages import answer_pending
+
 
 def pending_calls(state: dict[str, Any]) -> list[dict[str, Any]]:
     """Calls of the last AIMessage that have no ToolMessage yet."""
@@ -21,19 +23,6 @@ def pending_calls(state: dict[str, Any]) -> list[dict[str, Any]]:
             answered = {m.tool_call_id for m in messages[index + 1 :] if isinstance(m, ToolMessage)}
             return [dict(c) for c in message.tool_calls if c.get("id") not in answered]
     return []
-
-
-def _answers(calls: list[dict[str, Any]], reason: str) -> list[ToolMessage]:
-    return [
-        ToolMessage(
-            content=f"Error: the call to '{call['name']}' did not complete: {reason}.",
-            name=call["name"],
-            tool_call_id=call["id"],
-            status="error",
-            response_metadata={"toolfleet": {"error_kind": "cancelled"}},
-        )
-        for call in calls
-    ]
 
 
 def close_pending_calls(
@@ -49,7 +38,7 @@ def close_pending_calls(
     Returns:
         The ToolMessages written (none if nothing was pending).
     """
-    answers = _answers(pending_calls(graph.get_state(config).values), reason)
+    answers = answer_pending(pending_calls(graph.get_state(config).values), reason)
     if answers:
         graph.update_state(config, {"messages": answers}, as_node="tools")
     return answers
@@ -59,7 +48,7 @@ async def aclose_pending_calls(
     graph: Any, config: dict[str, Any], reason: str = "the run was cancelled"
 ) -> list[ToolMessage]:
     """Async flavour of :func:`close_pending_calls`."""
-    answers = _answers(pending_calls((await graph.aget_state(config)).values), reason)
+    answers = answer_pending(pending_calls((await graph.aget_state(config)).values), reason)
     if answers:
         await graph.aupdate_state(config, {"messages": answers}, as_node="tools")
     return answers

@@ -11,7 +11,6 @@ skips.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,13 +18,10 @@ from typing import Any
 import pytest
 import redis
 
-from orchestrator.fleet import close_all
+from orchestrator.dispatch.fleet import close_all
 from orchestrator.local import EmbeddedRedis, WorkerProcess, delete_keys
+from tests.support.fleet import RUN_ID, fleet_settings, worker_env
 from tool_workers.settings import Settings
-
-REPO = Path(__file__).resolve().parent.parent
-TEST_POLICY = REPO / "tests" / "fleet_policy.toml"
-RUN_ID = uuid.uuid4().hex[:8]
 
 
 @pytest.fixture(scope="session")
@@ -44,26 +40,6 @@ def redis_url() -> Iterator[str]:
         return
     with EmbeddedRedis() as server:
         yield server.url
-
-
-def new_namespace() -> str:
-    """A key namespace no other test or test run uses."""
-    return f"tft-{RUN_ID}-{uuid.uuid4().hex[:8]}"
-
-
-def fleet_settings(redis_url: str, workdir: Path, **overrides: Any) -> Settings:
-    """Settings for a test fleet, in a fresh namespace unless one is given."""
-    values: dict[str, Any] = {
-        "broker_url": redis_url,
-        "namespace": new_namespace(),
-        "tool_modules": ("tests.fleet_tools",),
-        "config": TEST_POLICY,
-        "workspace_root": workdir / "workspace",
-        "registry_refresh": 1.0,
-        "unserved_wait": 2.0,
-    }
-    values.update(overrides)
-    return Settings(**values)
 
 
 @pytest.fixture
@@ -114,14 +90,6 @@ def shared_fleet(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> It
             worker.stop(grace=5)
 
 
-def worker_env(settings: Settings) -> dict[str, str]:
-    """Environment the test tools need on the worker side."""
-    return {
-        "PYTHONPATH": str(REPO),
-        "TOOLFLEET_TEST_COUNTER_URL": settings.broker_url,
-    }
-
-
 @pytest.fixture
 def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """Start real ``celery worker`` processes; all are stopped after the test."""
@@ -157,16 +125,6 @@ def counter(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
     yield client
     client.close()
-
-
-def effects(client: redis.Redis, settings: Settings, kind: str) -> dict[str, int]:
-    """How many times each call (by idempotency key) of ``kind`` really ran."""
-    prefix = f"{settings.namespace}:effects:{kind}:"
-    runs: dict[str, int] = {}
-    for raw in client.lrange(f"{prefix}log", 0, -1):
-        key = raw.decode()
-        runs[key] = runs.get(key, 0) + 1
-    return runs
 
 
 @pytest.fixture(autouse=True)

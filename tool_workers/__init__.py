@@ -7,8 +7,20 @@ Importing this package builds nothing: Celery's ``-A tool_workers`` finds the ap
 
 from __future__ import annotations
 
-from tool_workers.context import current_call
+# What a tool author needs on the worker side, none of it importing Celery.
+from tool_workers.context import CallContext, current_call
 from tool_workers.progress import heartbeat
-from tool_workers.protocol import PROTOCOL_VERSION, ToolRequest, ToolResult
 
-__all__ = ["PROTOCOL_VERSION", "ToolRequest", "ToolResult", "current_call", "heartbeat"]
+# The wire contract.
+from tool_workers.protocol import PROTOCOL_VERSION, ToolRequest, ToolResult
+from tool_workers.settings import Settings
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "CallContext",
+    "Settings",
+    "ToolRequest",
+    "ToolResult",
+    "current_call",
+    "heartbeat",
+]

@@ -22,10 +22,10 @@ from celery.backends.redis import RedisBackend
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 
+from tool_workers.protocol import REPLY_CHANNEL_MARK
+
 _bytes_to_str: Callable[[str | bytes], str] = bytes_to_str  # kombu leaves it unannotated
 
-REPLY_CHANNEL_MARK = "toolfleet:reply:"
-"""Reply channels contain this; other ``reply_to`` values (Celery's defaults) are ignored."""
 
 _STORE = """
 local current = redis.call('GET', KEYS[1])

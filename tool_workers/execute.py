@@ -1,6 +1,6 @@
 """Run one tool call with ToolNode's semantics and turn the outcome into a ToolResult.
 
-Nothing here knows about Celery tasks: the task in :mod:`tool_workers.registry` calls
+Nothing here knows about Celery tasks: the task in :mod:`tool_workers.tasks` calls
 :func:`run_call`, and the in-process dispatcher of the orchestrator's tests calls it too.
 """
 
@@ -18,17 +18,13 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
-from langgraph.prebuilt.tool_node import (
-    TOOL_CALL_ERROR_TEMPLATE,
-    ToolInvocationError,
-    msg_content_output,
-)
+from langgraph.prebuilt.tool_node import ToolInvocationError, msg_content_output
 from langgraph.types import Command, Send
 from pydantic import ValidationError
 
 from tool_workers.context import CallContext, call_scope
 from tool_workers.graph_context import MissingContextError, WorkerGraph, inject, invoke_config
-from tool_workers.protocol import ToolRequest, ToolResult
+from tool_workers.protocol import ToolRequest, ToolResult, error_text, timeout_text
 from tool_workers.wire_json import NotJSONError, to_wire
 
 TRUNCATION_NOTE = "\n[toolfleet: result truncated from {size} to {limit} bytes]"
@@ -49,20 +45,6 @@ class TransientToolError(Exception):
     def __init__(self, exc: BaseException) -> None:
         super().__init__(repr(exc))
         self.exc = exc
-
-
-def error_text(exc: BaseException) -> str:
-    """The message ToolNode gives the model when a tool raises."""
-    return TOOL_CALL_ERROR_TEMPLATE.format(error=repr(exc))
-
-
-def timeout_text(tool: str, limit: float | None) -> str:
-    """The message for a call stopped by its time limit, naming the limit."""
-    what = f"its time limit of {limit:g} s" if limit else "its time limit"
-    return (
-        f"Error: the tool '{tool}' did not finish within {what} and was stopped.\n"
-        " Please fix your mistakes."
-    )
 
 
 def json_size(value: Any) -> int:

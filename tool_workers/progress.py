@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from tool_workers.protocol import progress_message
+from tool_workers.protocol import HEARTBEAT, progress_message
 from tool_workers.wire_json import NotJSONError, to_wire
 
 log = logging.getLogger("toolfleet.worker")
@@ -29,8 +29,6 @@ log = logging.getLogger("toolfleet.worker")
 FLUSH_INTERVAL = 0.1
 """Seconds at most between a progress event and its publication."""
 
-HEARTBEAT = {"__toolfleet_heartbeat__": True}
-"""The event a heartbeat sends (the orchestrator counts it as progress, shows nothing)."""
 
 _current: ContextVar[ProgressPublisher | None] = ContextVar("toolfleet_progress", default=None)
 

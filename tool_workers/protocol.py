@@ -15,6 +15,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal
 
+from langgraph.prebuilt.tool_node import TOOL_CALL_ERROR_TEMPLATE
 from pydantic import BaseModel, ConfigDict, Field
 
 PROTOCOL_VERSION = 1
@@ -136,6 +137,56 @@ class ToolResult(BaseModel):
 def progress_message(task_id: str, seq: int, events: list[Any]) -> dict[str, Any]:
     """A batch of a running call's progress events, as published on the reply channel."""
     return {"task_id": task_id, "progress": events, "seq": seq}
+
+
+HEARTBEAT = {"__toolfleet_heartbeat__": True}
+"""The progress event a heartbeat sends (the orchestrator counts it as life, shows nothing)."""
+
+
+# -- texts of error results either side writes -------------------------------------------
+
+
+def error_text(exc: BaseException) -> str:
+    """The message ToolNode gives the model when a tool raises."""
+    return TOOL_CALL_ERROR_TEMPLATE.format(error=repr(exc))
+
+
+def timeout_text(tool: str, limit: float | None) -> str:
+    """The message for a call stopped by its time limit, naming the limit."""
+    what = f"its time limit of {limit:g} s" if limit else "its time limit"
+    return (
+        f"Error: the tool '{tool}' did not finish within {what} and was stopped.\n"
+        " Please fix your mistakes."
+    )
+
+
+# -- Redis keys and channels: every name toolfleet's core uses is built here --------------
+
+REPLY_CHANNEL_MARK = "toolfleet:reply:"
+"""Reply channels contain this; other ``reply_to`` values (Celery's defaults) are ignored."""
+
+IDLE_CHANNEL = "toolfleet-listener-idle"
+"""Channel a result listener without a reply channel subscribes, to keep its connection."""
+
+
+def reply_channel(key_prefix: str, token: str) -> str:
+    """The channel one orchestrator process hears every state and progress batch on."""
+    return f"{key_prefix}reply:{token}"
+
+
+def placement_key(key_prefix: str, host: str, pid: int) -> str:
+    """Where one orchestrator process publishes its agents' tool placement."""
+    return f"{key_prefix}placement:{host}:{pid}"
+
+
+def placement_pattern(key_prefix: str) -> str:
+    """``SCAN`` pattern matching every orchestrator's placement key."""
+    return f"{key_prefix}placement:*"
+
+
+def server_key_prefix(key_prefix: str) -> str:
+    """Prefix of every key of the HTTP service (see :mod:`orchestrator.server.keys`)."""
+    return f"{key_prefix}server:"
 
 
 def call_marker_key(key_prefix: str, task_id: str) -> str:

@@ -1,10 +1,11 @@
-"""The tool registry: each worker publishes what it serves; orchestrators read it.
+"""The tool registry, worker side: each worker publishes what it serves.
 
 A worker writes one key (``<prefix>workers:<node name>``) holding a
 :class:`~tool_workers.protocol.WorkerEntry`: its queues and, for every tool routed to a
 queue it consumes, the tool's name, description, JSON schema, ``return_direct``, queue
 and options. The key is refreshed every ``registry_refresh`` seconds and expires after
 three missed refreshes, so a tool no live worker serves drops out of the registry.
+Orchestrators read it with :mod:`orchestrator.dispatch.registry`.
 """
 
 from __future__ import annotations
@@ -17,12 +18,7 @@ from collections.abc import Iterable
 
 import redis
 
-from tool_workers.protocol import (
-    ToolSpec,
-    WorkerEntry,
-    worker_registry_key,
-    worker_registry_pattern,
-)
+from tool_workers.protocol import ToolSpec, WorkerEntry, worker_registry_key
 
 log = logging.getLogger("toolfleet.registry")
 
@@ -87,28 +83,3 @@ class RegistryPublisher:
             self._client.delete(self._key)
         except redis.RedisError as exc:
             log.warning("could not remove registry entry %s: %r", self._key, exc)
-
-
-def read_entries(client: redis.Redis, key_prefix: str) -> list[WorkerEntry]:
-    """Every live worker's entry."""
-    keys = list(client.scan_iter(match=worker_registry_pattern(key_prefix), count=500))
-    if not keys:
-        return []
-    entries = []
-    for raw in client.mget(keys):
-        if raw is None:  # expired between SCAN and MGET
-            continue
-        try:
-            entries.append(WorkerEntry.model_validate_json(raw))
-        except ValueError as exc:
-            log.warning("ignoring unreadable registry entry: %r", exc)
-    return entries
-
-
-def served_tools(entries: Iterable[WorkerEntry]) -> dict[str, ToolSpec]:
-    """The tools some live worker serves, by name (the most recently refreshed spec wins)."""
-    tools: dict[str, ToolSpec] = {}
-    for entry in sorted(entries, key=lambda e: e.updated_at):
-        for spec in entry.tools:
-            tools[spec.name] = spec
-    return tools

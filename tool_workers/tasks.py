@@ -18,7 +18,7 @@ from langchain_core.tools import BaseTool
 from pydantic import ValidationError
 
 from tool_workers.backend import ToolfleetRedisBackend, reply_channel_of
-from tool_workers.execute import Limits, TransientToolError, error_text, run_call
+from tool_workers.execute import Limits, TransientToolError, run_call
 from tool_workers.graph_context import WorkerGraph, injected_args_of
 from tool_workers.progress import ProgressPublisher, publishing
 from tool_workers.protocol import (
@@ -26,6 +26,7 @@ from tool_workers.protocol import (
     ToolRequest,
     ToolResult,
     ToolSpec,
+    error_text,
     run_marker_key,
     task_name,
 )

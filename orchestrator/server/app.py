@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from orchestrator.agent import async_checkpointer
-from orchestrator.fleet import dispatcher_for
+from orchestrator.dispatch.fleet import dispatcher_for
 from orchestrator.server.auth import TokenAuth
 from orchestrator.server.errors import RequestRefused
 from orchestrator.server.eventlog import EventLog, EventRelay

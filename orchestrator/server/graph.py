@@ -18,9 +18,9 @@ from langchain_core.language_models import BaseChatModel
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from orchestrator.agent import build_agent, chat_model
-from orchestrator.discovery import RemoteTool
-from orchestrator.dispatch import CeleryDispatcher
+from orchestrator.dispatch.celery import CeleryDispatcher
 from orchestrator.scripted import SCRIPTED
+from orchestrator.tools import RemoteTool
 from tool_workers.protocol import ToolSpec
 from tool_workers.settings import Settings
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tool_workers.protocol import server_key_prefix
+
 
 @dataclass(frozen=True, slots=True)
 class Keys:
@@ -34,7 +36,7 @@ class Keys:
     @property
     def base(self) -> str:
         """Prefix of every key of the HTTP service."""
-        return f"{self.prefix}server:"
+        return server_key_prefix(self.prefix)
 
     def thread(self, thread_id: str) -> str:
         """Hash holding a thread's record."""

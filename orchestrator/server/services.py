@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 from fastapi import Depends, Request, Response
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
-from orchestrator.dispatch import CeleryDispatcher
+from orchestrator.dispatch.celery import CeleryDispatcher
 from orchestrator.server.encoding import dumps
 from orchestrator.server.graph import AgentProvider
 from orchestrator.server.runner import RunManager

@@ -16,7 +16,7 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
 from orchestrator import ScriptedChatModel
 from orchestrator.agent import build_agent, checkpointer
-from orchestrator.fleet import close_all
+from orchestrator.dispatch.fleet import close_all
 from tool_workers.settings import Settings
 
 DURATIONS = [0.1, 0.1, 3.0, 3.0, 3.0]

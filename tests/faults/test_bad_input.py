@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 
 from orchestrator import dispatcher_for
-from orchestrator.dispatch import PreparedCall
+from orchestrator.calls import PreparedCall
 from orchestrator.local import WorkerProcess
-from tests.conftest import effects, fleet_settings, worker_env
-from tests.faults.conftest import FAULT_POLICY
+from tests.support.fleet import FAULT_POLICY, effects, fleet_settings, worker_env
 from tool_workers.app import create_app
 from tool_workers.protocol import PROTOCOL_VERSION, call_marker_key, task_id_for, task_name
 from tool_workers.settings import Settings

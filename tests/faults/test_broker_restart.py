@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,7 @@ from langchain_core.messages import ToolMessage
 
 from orchestrator import CeleryToolMiddleware, discover_tools, dispatcher_for
 from orchestrator.local import EmbeddedRedis
-from tests.conftest import effects
-from tests.integration.test_agent import one_turn
+from tests.support.fleet import effects, one_turn, started_calls, wait_until
 from tool_workers.settings import Settings
 
 pytestmark = pytest.mark.timeout(180)
@@ -56,7 +54,7 @@ def test_run_survives_a_redis_restart(
 
         runner = threading.Thread(target=run, daemon=True)
         runner.start()
-        time.sleep(1.0)  # every call is running
+        wait_until(lambda: started_calls(settings) == 4, 30, "the start of every call")
         server.restart(down_for=1.0)
         runner.join(timeout=90)
 

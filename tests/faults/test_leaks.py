@@ -19,7 +19,7 @@ from orchestrator import (
     dispatcher_for,
     with_deadline,
 )
-from tests.integration.test_agent import one_turn
+from tests.support.fleet import one_turn, started_calls
 from tool_workers.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
@@ -50,8 +50,10 @@ def test_no_subscriptions_futures_or_unexpiring_keys_remain(
         agent([("sleep_for", {"seconds": 3})] * 3).invoke(payload, with_deadline(0.5))
 
     async def cancelled() -> None:
+        before = await asyncio.to_thread(started_calls, settings)
         task = asyncio.ensure_future(agent([("sleep_for", {"seconds": 3})] * 3).ainvoke(payload))
-        await asyncio.sleep(0.5)
+        while await asyncio.to_thread(started_calls, settings) < before + 3:  # all running
+            await asyncio.sleep(0.05)
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, effects
-from tests.faults.conftest import FAULT_POLICY
+from tests.support.fleet import FAULT_POLICY, REPO, call_states, effects
 from tool_workers.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
@@ -51,11 +50,12 @@ def test_killed_orchestrator_resumes_without_rerunning_calls(
 
     first = orchestrator("start", settings, db, "crash-thread")
     deadline = time.monotonic() + 30
-    while len(effects(counter, settings, "touch")) < 5:
+    # The quick calls are done, the slow ones still run.
+    while call_states(settings)["SUCCESS"] < 2 or len(effects(counter, settings, "touch")) < 5:
         assert time.monotonic() < deadline, first.communicate(timeout=5)
         assert first.poll() is None, first.communicate()
         time.sleep(0.05)
-    time.sleep(0.5)  # the quick calls are done, the slow ones still run
+    assert call_states(settings)["STARTED"] == 3
     os.kill(first.pid, signal.SIGKILL)
     first.communicate(timeout=10)
 

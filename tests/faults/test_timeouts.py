@@ -17,10 +17,15 @@ from orchestrator import (
     dispatcher_for,
     with_deadline,
 )
-from orchestrator.dispatch import PreparedCall
-from tests.conftest import effects
-from tests.faults.conftest import result_state
-from tests.integration.test_agent import one_turn
+from orchestrator.calls import PreparedCall
+from tests.support.fleet import (
+    call_states,
+    effects,
+    one_turn,
+    result_state,
+    started_calls,
+    wait_until,
+)
 from tool_workers.protocol import task_id_for
 from tool_workers.settings import Settings
 
@@ -83,7 +88,9 @@ def test_run_deadline_revokes_in_flight_calls(
         else:
             asyncio.run(agent.ainvoke(payload, config))
     took = time.monotonic() - t0
-    time.sleep(4.5)  # long enough for any surviving call to have finished
+    # Every call that started has ended, one way or another: a call that survived its
+    # revocation would have recorded its effect by then.
+    wait_until(lambda: not call_states(settings)["STARTED"], 30, "the end of every call")
 
     assert took < 1.5 + 2
     assert effects(counter, settings, "slow_effect") == {}
@@ -113,13 +120,14 @@ def test_cancelled_async_run_revokes_its_calls(
 
     async def cancel_soon() -> None:
         task = asyncio.ensure_future(run())
-        await asyncio.sleep(1.0)
+        while await asyncio.to_thread(started_calls, settings) < 3:  # every call is running
+            await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
     asyncio.run(cancel_soon())
-    time.sleep(4.5)
+    wait_until(lambda: not call_states(settings)["STARTED"], 30, "the end of every call")
 
     assert len(dispatched) == 3
     assert {result_state(settings, t) for t in dispatched} == {"REVOKED"}

@@ -15,8 +15,7 @@ from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, ToolMessage
 
 from orchestrator import CeleryToolMiddleware, ScriptedChatModel, discover_tools, dispatcher_for
-from tests.conftest import effects
-from tests.faults.conftest import wait_started
+from tests.support.fleet import effects, wait_started, wait_until
 from tool_workers.protocol import call_key, task_id_for
 from tool_workers.settings import Settings
 
@@ -67,9 +66,10 @@ class AgentRun:
         return message
 
 
-def kill_pool_child(settings: Settings, task_id: str) -> dict[str, Any]:
+def kill_pool_child(settings: Settings, counter: Any, tool: str, task_id: str) -> dict[str, Any]:
     started = wait_started(settings, task_id)
-    time.sleep(0.3)  # well inside the call
+    # Well inside the call: its side effect has happened, the tool is still running.
+    wait_until(lambda: effects(counter, settings, tool).get(task_id) == 1, 20, "the effect")
     os.kill(int(started["pid"]), signal.SIGKILL)
     return started
 
@@ -80,7 +80,7 @@ def crash_trial(
     args: dict[str, Any] = {"amount": 7} if tool == "charge" else {"tag": "7"}
     run = AgentRun(settings, tool, {**args, "seconds": 2})
     run.start()
-    kill_pool_child(settings, run.task_id)
+    kill_pool_child(settings, counter, tool, run.task_id)
     message = run.result()
     return message, effects(counter, settings, tool), run.task_id
 
@@ -129,8 +129,7 @@ def test_call_of_a_killed_worker_is_redelivered_to_another(
     run = AgentRun(settings, "touch", {"tag": "w", "seconds": 2}).start()
     started = wait_started(settings, run.task_id)
     victim, survivor = (first, second) if started["hostname"] == first.hostname else (second, first)
-    while effects(counter, settings, "touch").get(run.task_id) != 1:  # the call is under way
-        time.sleep(0.05)
+    wait_until(lambda: effects(counter, settings, "touch").get(run.task_id) == 1, 20, "the effect")
 
     t0 = time.monotonic()
     victim.kill()

@@ -4,31 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.messages import AIMessage, ToolMessage
 
-from orchestrator import CeleryToolMiddleware, ScriptedChatModel, discover_tools, dispatcher_for
-from orchestrator.scripted import tool_calls_message
+from orchestrator import CeleryToolMiddleware, discover_tools, dispatcher_for
 from tests import fleet_tools
+from tests.support.fleet import one_turn
 from tool_workers.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def one_turn(calls: Sequence[tuple[str, dict[str, Any]]]) -> ScriptedChatModel:
-    """A model that makes ``calls`` once, then answers with the tool results it saw."""
-
-    def policy(messages: Sequence[BaseMessage]) -> AIMessage:
-        if messages[-1].type == "human":
-            return tool_calls_message(calls)
-        results = [m.content for m in messages if isinstance(m, ToolMessage)]
-        return AIMessage(content=f"done: {len(results)} results")
-
-    return ScriptedChatModel(policy=policy)
 
 
 def run(agent: Any, mode: str, **config: Any) -> dict[str, Any]:
@@ -192,7 +179,7 @@ def test_return_direct_ends_the_run(fleet: Settings, mode: str) -> None:
 def test_each_call_is_one_task(fleet: Settings, counter: Any) -> None:
     """Given a fan-out of side-effecting calls, when run sync (eager dispatch publishes the
     batch while later Send tasks attach), then each call ran exactly once."""
-    from tests.conftest import effects
+    from tests.support.fleet import effects
 
     calls = [("touch", {"tag": f"t{i}", "seconds": 0.1}) for i in range(15)]
     dispatcher = dispatcher_for(settings=fleet)

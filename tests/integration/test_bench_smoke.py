@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.bench import SCENARIOS
+from orchestrator.bench.run import SCENARIOS
 
 pytestmark = pytest.mark.timeout(180)
 

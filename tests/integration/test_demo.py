@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support.fleet import REPO
 
 pytestmark = pytest.mark.timeout(180)
 

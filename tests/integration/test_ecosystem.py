@@ -246,7 +246,7 @@ def test_placement_override_and_same_name_different_tool(
     }
     assert table["whoami"]["reason"] == "placement override"
     # Published for `toolfleet status` at the agent's first model call.
-    from orchestrator.status import collect
+    from orchestrator.cli.status import collect
 
     (record,) = [r for r in collect(mw.dispatcher.settings).placement if r["pid"] == os.getpid()]
     assert record["tools"]["add"]["placement"] == "local"

@@ -33,13 +33,14 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langgraph_sdk import get_sync_client
 
 from orchestrator import CeleryToolMiddleware, ScriptedChatModel, dispatcher_for
-from orchestrator.demo import seed_workspace
-from orchestrator.dispatch import PreparedCall
+from orchestrator.calls import PreparedCall
+from orchestrator.cli.demo import seed_workspace
+from orchestrator.cli.status import collect
+from orchestrator.dispatch.registry import read_entries
 from orchestrator.local import EmbeddedRedis, WorkerProcess
 from orchestrator.scripted import tool_calls_message
-from orchestrator.status import collect
 from tests import fleet_tools
-from tests.compose import (
+from tests.support.compose import (
     COMPOSE_FILE,
     ENV_EXAMPLE,
     compose_binary,
@@ -48,10 +49,9 @@ from tests.compose import (
     services,
     variables,
 )
-from tests.conftest import REPO, new_namespace
+from tests.support.fleet import REPO, new_namespace
 from tool_workers.app import create_app
 from tool_workers.protocol import task_id_for
-from tool_workers.registry import read_entries
 from tool_workers.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)

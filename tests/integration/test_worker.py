@@ -14,9 +14,9 @@ import pytest
 import redis
 
 from orchestrator import dispatcher_for
-from orchestrator.dispatch import PreparedCall
+from orchestrator.calls import PreparedCall
 from orchestrator.local import settings_env
-from tests.conftest import REPO, worker_env
+from tests.support.fleet import REPO, worker_env
 from tool_workers.app import create_app
 from tool_workers.protocol import (
     ToolRequest,
@@ -173,8 +173,8 @@ def test_second_dispatch_of_a_call_attaches_to_the_first(
 ) -> None:
     """Given one call dispatched by two orchestrator processes (two dispatchers, two
     listeners), when both wait, then the tool ran once and both get its result."""
-    from orchestrator.dispatch import CeleryDispatcher
-    from tests.conftest import effects
+    from orchestrator.dispatch.celery import CeleryDispatcher
+    from tests.support.fleet import effects
 
     first = CeleryDispatcher(create_app(shared_fleet), shared_fleet)
     second = CeleryDispatcher(create_app(shared_fleet), shared_fleet)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.compose import (
+from tests.support.compose import (
     MissingVariable,
     dockerfile_instructions,
     env_example,
@@ -18,7 +18,7 @@ from tests.compose import (
     services,
     variables,
 )
-from tests.conftest import REPO
+from tests.support.fleet import REPO
 from tool_workers.settings import Settings, ToolPolicies
 
 SECRETS = {"REDIS_PASSWORD": "pw", "FLOWER_BASIC_AUTH": "ops:pw", "TOOLFLEET_API_TOKENS": "t"}

@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import pytest
@@ -23,11 +24,14 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 from langgraph.types import Send
 
-from orchestrator.local_dispatch import InProcessDispatcher
+from orchestrator.calls import PreparedCall
+from orchestrator.deadline import with_deadline
+from orchestrator.dispatch.in_process import InProcessDispatcher
 from orchestrator.middleware import CeleryToolMiddleware
 from orchestrator.node import RemoteToolNode
 from orchestrator.scripted import ScriptedChatModel, tool_calls_message
-from tool_workers.protocol import call_key, task_id_for
+from tool_workers.errors import RunDeadlineExceeded
+from tool_workers.protocol import Injected, call_key, task_id_for
 
 Mode = Literal["invoke", "ainvoke"]
 MODES: list[Mode] = ["invoke", "ainvoke"]
@@ -496,3 +500,47 @@ def test_close_pending_calls_answers_unanswered_calls() -> None:
     assert [a.tool_call_id for a in answers] == [c["id"] for c in calls.tool_calls]
     assert all(a.status == "error" and "cancelled" in a.content for a in answers)
     assert pending_calls(agent.get_state(config).values) == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_given_unserved_tool_and_near_deadline_when_called_then_deadline_wins_over_wait(
+    dispatchers: Callable[[Sequence[BaseTool]], InProcessDispatcher], mode: Mode
+) -> None:
+    # Given a tool no worker serves, a long unserved wait, and a run deadline 1 s away
+    served_without_echo = dispatchers([nap])
+    calls = tool_calls_message([("echo", {"text": "hi"})])
+    agent = agent_for(
+        served_without_echo,
+        [calls, AIMessage(content="done")],
+        unserved_wait=60,
+        placement={"echo": "remote"},
+    )
+
+    # When it runs, Then it stops at the deadline, not after the unserved wait
+    t0 = time.monotonic()
+    with pytest.raises(RunDeadlineExceeded):
+        run(agent, mode, config=with_deadline(1.0))
+    assert time.monotonic() - t0 < 20  # generous: the point is "not 60 s"
+    assert served_without_echo.published == {}
+
+
+def test_given_call_edited_after_eager_publish_when_reconciled_then_context_and_attempt_kept(
+    dispatcher: InProcessDispatcher,
+) -> None:
+    # Given a call published eagerly, and the same call arriving edited, with graph context
+    spec = dispatcher.served_tools()["echo"]
+    published = PreparedCall(
+        tool="echo", call_id="c1", args={"text": "old"}, task_id="t-1", queue="tools", spec=spec
+    )
+    dispatcher.submit([published])
+    context = Injected(state={"todos": ["a"]}, config={"thread_id": "th"})
+    arrived = replace(published, args={"text": "new"}, injected=context, attempt=2)
+    middleware = CeleryToolMiddleware(dispatcher=dispatcher)
+
+    # When it is reconciled with what was published
+    call = middleware._reconcile(arrived)
+
+    # Then the edited call goes out under a new task id with everything it declared
+    assert call.task_id != published.task_id
+    assert (call.args, call.injected, call.attempt) == ({"text": "new"}, context, 2)
+    assert dispatcher.cancelled == ["t-1"]

@@ -45,9 +45,32 @@ def test_given_orchestrator_export_then_it_has_a_docstring(name: str) -> None:
     assert doc is not None and doc.strip(), f"orchestrator.{name} has no docstring"
 
 
+def test_given_tool_author_then_worker_side_names_are_public() -> None:
+    # What a tool reads about its call, how it says it is alive, and the settings type a
+    # module's get_tools(settings) receives.
+    assert {"current_call", "heartbeat", "Settings", "CallContext"} <= set(tool_workers.__all__)
+
+
+def test_given_agent_author_then_readme_names_are_public() -> None:
+    wanted = {
+        "CeleryToolMiddleware",
+        "RemoteToolNode",
+        "discover_tools",
+        "with_deadline",
+        "close_pending_calls",
+        "aclose_pending_calls",
+        "Dispatcher",
+        "CeleryDispatcher",
+        "InProcessDispatcher",
+        "ToolfleetError",
+    }
+    assert wanted <= set(orchestrator.__all__)
+
+
 def test_given_fresh_interpreter_when_tool_workers_imported_then_no_celery_app_built() -> None:
     code = (
         "import sys, tool_workers\n"
+        "from tool_workers import Settings, current_call, heartbeat\n"
         "assert 'tool_workers.celery' not in sys.modules, 'tool_workers.celery imported'\n"
         "assert 'celery' not in sys.modules, 'celery imported'\n"
     )

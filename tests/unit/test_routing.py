@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TEST_POLICY
+from tests.support.fleet import REPO, TEST_POLICY
 from tool_workers.app import create_app
 from tool_workers.loader import load_tools
 from tool_workers.settings import Settings, ToolPolicies

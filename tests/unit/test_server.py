@@ -28,7 +28,7 @@ from orchestrator.server.schemas import RunCreate
 from orchestrator.server.store import RunRecord
 from orchestrator.server.streaming import event_filter
 from tests import server_models
-from tests.conftest import REPO
+from tests.support.fleet import REPO
 from tool_workers.errors import ConfigError
 from tool_workers.settings import Settings
 

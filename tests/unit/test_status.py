@@ -6,7 +6,7 @@ import json
 
 from rich.console import Console
 
-from orchestrator.status import FleetStatus, InFlightCall, QueueStatus, WorkerStatus, render
+from orchestrator.cli.status import FleetStatus, InFlightCall, QueueStatus, WorkerStatus, render
 
 STATUS = FleetStatus(
     namespace="",

@@ -19,10 +19,10 @@ from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.tools import BaseTool
 
-from orchestrator.discovery import discover_tools
-from orchestrator.dispatch import CeleryDispatcher
+from orchestrator.dispatch.celery import CeleryDispatcher
 from orchestrator.middleware import CeleryToolMiddleware
 from orchestrator.scripted import ScriptedChatModel, tool_calls_message
+from orchestrator.tools import discover_tools
 
 PAYLOAD = {"messages": [("user", "go")]}
 RUN_CONFIG = {"recursion_limit": 100_000}

@@ -1,5 +1,8 @@
 """An in-process dispatcher: runs tools in threads of this process, no broker.
 
+The one module of the orchestrator that imports the worker's execution code
+(:mod:`tool_workers.execute`, :mod:`tool_workers.tasks`): it *is* a worker, in-process.
+
 For fast tests of agents (and of toolfleet itself): the same middleware, the same
 eager dispatch and the same results as with real workers, without Redis. Each call
 still runs at most once per task id, as with the Celery dispatcher.
@@ -15,8 +18,10 @@ from collections.abc import Mapping, Sequence
 
 from langchain_core.tools import BaseTool
 
-from orchestrator.dispatch import PreparedCall
-from orchestrator.watch import StateCallback
+from orchestrator.calls import PreparedCall
+from orchestrator.dispatch.base import PlacementTable
+from orchestrator.dispatch.watch import StateCallback
+from orchestrator.messages import not_served_there_text
 from tool_workers.errors import ResultTimeout
 from tool_workers.execute import Limits, run_call
 from tool_workers.protocol import ToolResult, ToolSpec
@@ -54,10 +59,24 @@ class InProcessDispatcher:
         """How many times each task id was handed to the pool (always 0 or 1)."""
         self.cancelled: list[str] = []
         """Task ids :meth:`cancel` was asked to revoke."""
+        self.placements: list[PlacementTable] = []
+        """Every tool placement :meth:`note_placement` was given."""
 
-    def served_tools(self) -> Mapping[str, ToolSpec]:
+    def served_tools(self, *, fresh: bool = False) -> Mapping[str, ToolSpec]:
         """Every tool given to the constructor."""
         return self._specs
+
+    async def served_tools_async(self, *, fresh: bool = False) -> Mapping[str, ToolSpec]:
+        """Every tool given to the constructor."""
+        return self._specs
+
+    def note_placement(self, table: PlacementTable) -> None:
+        """Remember the placement (see :attr:`placements`)."""
+        self.placements.append(table)
+
+    async def note_placement_async(self, table: PlacementTable) -> None:
+        """Remember the placement (see :attr:`placements`)."""
+        self.note_placement(table)
 
     def submit(self, calls: Sequence[PreparedCall], on_state: StateCallback | None = None) -> None:
         """Start every call not started yet."""
@@ -81,7 +100,7 @@ class InProcessDispatcher:
     def _run(self, call: PreparedCall) -> ToolResult:
         tool = self._tools.get(call.tool)
         if tool is None:
-            return ToolResult.error("unknown_tool", f"Error: {call.tool} is not a valid tool.")
+            return ToolResult.error("unknown_tool", not_served_there_text(call.tool))
         return run_call(tool, call.request(), worker="in-process", limits=Limits())
 
     def _future(self, call: PreparedCall) -> concurrent.futures.Future[ToolResult]:
@@ -120,6 +139,15 @@ class InProcessDispatcher:
                 self._calls.pop(call.task_id, None)
                 if future is not None:
                     future.cancel()
+
+    async def cancel_async(self, calls: Sequence[PreparedCall], terminate: bool = True) -> None:
+        """Forget the calls (async flavour of :meth:`cancel`)."""
+        self.cancel(calls, terminate)
+
+    def in_flight(self) -> int:
+        """Calls started and not yet collected or cancelled."""
+        with self._lock:
+            return sum(1 for future in self._futures.values() if not future.done())
 
     def close(self) -> None:
         """Stop the thread pool."""

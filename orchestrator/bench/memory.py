@@ -19,11 +19,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from orchestrator.bench_agents import PAYLOAD, RUN_CONFIG, Runner, check_results, fleet_agent
-from orchestrator.bench_agents import one_turn_model as model_for
-from orchestrator.bench_measure import rss_bytes
-from orchestrator.dispatch import CeleryDispatcher
-from orchestrator.results import IDLE_CHANNEL
+from orchestrator.bench.agents import PAYLOAD, RUN_CONFIG, Runner, check_results, fleet_agent
+from orchestrator.bench.agents import one_turn_model as model_for
+from orchestrator.bench.measure import rss_bytes
+from orchestrator.dispatch.celery import CeleryDispatcher
+from orchestrator.dispatch.listener import IDLE_CHANNEL
 
 
 def _measure_one(

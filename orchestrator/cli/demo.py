@@ -11,7 +11,7 @@ import json
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,96 +22,14 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from rich.console import Console
 
-from orchestrator.discovery import discover_tools
-from orchestrator.fleet import close_all, dispatcher_for
+from orchestrator.agent import chat_model
+from orchestrator.dispatch.fleet import close_all, dispatcher_for
 from orchestrator.local import EmbeddedRedis, WorkerProcess
 from orchestrator.middleware import CeleryToolMiddleware
-from orchestrator.scripted import SCRIPTED, ScriptedChatModel, tool_calls_message
+from orchestrator.sample import DEFAULT_PROMPT, scripted_model, seed_workspace
+from orchestrator.scripted import SCRIPTED
+from orchestrator.tools import discover_tools
 from tool_workers.settings import DEFAULT_CONFIG_PATH, Settings
-
-DEFAULT_PROMPT = (
-    "Survey the project in the workspace: what files it has, what is left TODO, what the "
-    "README says, and how many lines of Python it holds. Then summarise."
-)
-
-SAMPLE_PROJECT = {
-    "README.md": "# inventory\n\nA tiny inventory service: stock levels per warehouse.\n",
-    "inventory/__init__.py": '"""Inventory service."""\n',
-    "inventory/stock.py": (
-        "def level(item, warehouse):\n"
-        "    # TODO: read from the database instead of the fixture\n"
-        "    return FIXTURE.get((item, warehouse), 0)\n\n"
-        "FIXTURE = {('bolt', 'north'): 120, ('nut', 'south'): 80}\n"
-    ),
-    "inventory/api.py": (
-        "from inventory.stock import level\n\n"
-        "def get_level(item, warehouse):\n"
-        "    # TODO: validate the warehouse name\n"
-        "    return {'item': item, 'warehouse': warehouse, 'level': level(item, warehouse)}\n"
-    ),
-    "notes.txt": "Release checklist:\n- TODO: write the changelog\n- tag the release\n",
-}
-
-COUNT_LINES = (
-    "import pathlib\n"
-    "files = sorted(pathlib.Path('{root}').rglob('*.py'))\n"
-    "print(sum(len(f.read_text().splitlines()) for f in files), 'lines in', len(files), 'files')\n"
-)
-
-
-def scripted_model(workspace: Path | None = None) -> ScriptedChatModel:
-    """The deterministic demo model: one fan-out of tool calls, then a summary of results.
-
-    Args:
-        workspace: The workers' workspace root as the sandbox sees it (the demo's local
-            one); ``None`` for a remote fleet, where ``run_python`` counts from ``.``.
-    """
-    code = COUNT_LINES.format(root=workspace or ".")
-
-    def policy(messages: Sequence[BaseMessage]) -> AIMessage:
-        if messages[-1].type == "human":
-            return tool_calls_message(
-                [
-                    ("list_dir", {"path": "."}),
-                    ("list_dir", {"path": "inventory"}),
-                    ("grep", {"pattern": "TODO"}),
-                    ("read_file", {"path": "README.md"}),
-                    ("run_python", {"code": code}),
-                    ("sleep", {"seconds": 0.5}),
-                ],
-                content="I'll look at the workspace from several angles at once.",
-            )
-        return AIMessage(content=_summarise([m for m in messages if isinstance(m, ToolMessage)]))
-
-    return ScriptedChatModel(policy=policy)
-
-
-def _summarise(results: list[ToolMessage]) -> str:
-    by_tool: dict[str, list[str]] = {}
-    for message in results:
-        by_tool.setdefault(message.name or "", []).append(str(message.content))
-    todos = [line for line in "\n".join(by_tool.get("grep", [])).splitlines() if "TODO" in line]
-    readme = "\n".join(by_tool.get("read_file", []))
-    readme_line = next((ln.split("\t", 1)[-1] for ln in readme.splitlines() if "tiny" in ln), "")
-    counted = next(
-        (ln for ln in "\n".join(by_tool.get("run_python", [])).splitlines() if "lines in" in ln),
-        "an unknown number of lines",
-    )
-    lines = [
-        f"The workspace is a small Python project; the README says: {readme_line.strip()}",
-        f"It holds {counted.strip()}.",
-        f"{len(todos)} TODOs are open:",
-        *[f"  - {todo.strip()}" for todo in todos],
-    ]
-    return "\n".join(lines)
-
-
-def seed_workspace(root: Path) -> None:
-    """Write the sample project the demo agent surveys."""
-    for relative, text in SAMPLE_PROJECT.items():
-        path = root / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
 
 
 def run_demo(
@@ -181,8 +99,6 @@ def _chat_model(spec: str | None, workspace: Path | None, console: Console) -> B
             "(no API key needed). Pass --model provider:name for a real one.[/]\n"
         )
         return scripted_model(workspace)
-    from orchestrator.agent import chat_model
-
     console.print(f"model: {spec}\n")
     return chat_model(spec)
 

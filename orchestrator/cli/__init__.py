@@ -30,7 +30,8 @@ def demo(
     concurrency: Annotated[int, typer.Option(min=1, help="Pool processes per worker.")] = 2,
 ) -> None:
     """Start an embedded server and two workers, run an agent across them, stop them all."""
-    from orchestrator.demo import DEFAULT_PROMPT, run_demo
+    from orchestrator.cli.demo import run_demo
+    from orchestrator.sample import DEFAULT_PROMPT
 
     logging.basicConfig(level=logging.WARNING)
     run_demo(model=model, prompt=prompt or DEFAULT_PROMPT, workers=workers, concurrency=concurrency)
@@ -51,8 +52,8 @@ def run(
     """Run one agent turn against the fleet the TOOLFLEET_* settings point at."""
     from rich.console import Console
 
-    from orchestrator.demo import run_agent
-    from orchestrator.fleet import close_all
+    from orchestrator.cli.demo import run_agent
+    from orchestrator.dispatch.fleet import close_all
     from tool_workers.logs import configure_logging
     from tool_workers.settings import Settings
 
@@ -81,7 +82,7 @@ def status(
     """Workers online, queue depths, tools per queue and in-flight calls of the fleet."""
     from rich.console import Console
 
-    from orchestrator.status import run_status
+    from orchestrator.cli.status import run_status
     from tool_workers.settings import Settings
 
     logging.basicConfig(level=logging.WARNING)
@@ -113,8 +114,8 @@ def bench(
     ] = None,
 ) -> None:
     """Measure toolfleet against a local ToolNode and raw Celery; print the results."""
-    from orchestrator.bench import main as run_bench
-    from orchestrator.bench import select
+    from orchestrator.bench.run import main as run_bench
+    from orchestrator.bench.run import select
 
     try:
         select(only)

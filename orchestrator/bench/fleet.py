@@ -21,9 +21,9 @@ from typing import Any
 
 import redis
 
-from orchestrator.bench_measure import cpu_seconds
-from orchestrator.dispatch import CeleryDispatcher
-from orchestrator.fleet import close_all, dispatcher_for
+from orchestrator.bench.measure import cpu_seconds
+from orchestrator.dispatch.celery import CeleryDispatcher
+from orchestrator.dispatch.fleet import close_all, dispatcher_for
 from orchestrator.local import EmbeddedRedis, WorkerProcess, delete_keys
 from tool_workers.settings import Settings
 

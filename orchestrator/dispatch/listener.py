@@ -30,11 +30,12 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from orchestrator.watch import StateCallback, Watch, WatchTable
+from orchestrator.dispatch.watch import StateCallback, Watch, WatchTable
+from tool_workers import protocol
 
 log = logging.getLogger("toolfleet.results")
 
-IDLE_CHANNEL = b"toolfleet-listener-idle"
+IDLE_CHANNEL = protocol.IDLE_CHANNEL.encode()
 """Subscribed when there is no reply channel, so the pub/sub connection always exists."""
 
 SWEEP_INTERVAL = 2.0
@@ -192,6 +193,8 @@ class ResultListener:
     # -- the listener thread ------------------------------------------------------------
 
     def _ensure_started(self) -> None:
+        if self._closed:
+            raise RuntimeError("result listener is closed")
         if self._started.is_set():
             return
         with self._lock:

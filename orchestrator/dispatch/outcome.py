@@ -11,8 +11,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tool_workers.execute import error_text, timeout_text
-from tool_workers.protocol import ToolResult, ToolSpec
+from orchestrator.messages import (
+    bad_result_text,
+    cancelled_text,
+    not_served_there_text,
+    unreadable_text,
+    worker_lost_text,
+)
+from tool_workers.protocol import ToolResult, ToolSpec, error_text, timeout_text
 
 
 def result_from_meta(meta: dict[str, Any], tool: str, spec: ToolSpec | None = None) -> ToolResult:
@@ -23,15 +29,9 @@ def result_from_meta(meta: dict[str, Any], tool: str, spec: ToolSpec | None = No
         try:
             return ToolResult.model_validate(payload)
         except ValidationError as exc:
-            return ToolResult.error(
-                "protocol",
-                f"Error: the worker's result for '{tool}' is not a toolfleet result "
-                f"({exc.error_count()} error(s)).\n Please fix your mistakes.",
-            )
+            return ToolResult.error("protocol", bad_result_text(tool, exc.error_count()))
     if state == "REVOKED":
-        return ToolResult.error(
-            "cancelled", f"Error: the call to '{tool}' was cancelled before it finished."
-        )
+        return ToolResult.error("cancelled", cancelled_text(tool))
     exc_type = payload.get("exc_type", "Exception") if isinstance(payload, dict) else "Exception"
     exc_message = payload.get("exc_message", ()) if isinstance(payload, dict) else ()
     detail = (
@@ -48,23 +48,11 @@ def result_from_meta(meta: dict[str, Any], tool: str, spec: ToolSpec | None = No
                 limit = None
         return ToolResult.error("timeout", timeout_text(tool, limit))
     if exc_type == "NotRegistered":
-        return ToolResult.error(
-            "unknown_tool",
-            f"Error: {tool} is not a valid tool: the worker that received the call does not "
-            "serve it.\n Please fix your mistakes.",
-        )
+        return ToolResult.error("unknown_tool", not_served_there_text(tool))
     if exc_type in ("UnreadableCall", "ContentDisallowed", "DecodeError"):
-        return ToolResult.error(
-            "protocol",
-            f"Error: the worker could not read the call to '{tool}': {detail}\n"
-            " Please fix your mistakes.",
-        )
+        return ToolResult.error("protocol", unreadable_text(tool, detail))
     if exc_type == "WorkerLostError":
-        return ToolResult.error(
-            "worker_lost",
-            f"Error: the worker running '{tool}' stopped ({detail}) and the call could not be "
-            "run again.\n Please fix your mistakes.",
-        )
+        return ToolResult.error("worker_lost", worker_lost_text(tool, detail))
     return ToolResult.error("tool_error", error_text(_Remote(exc_type, detail)))
 
 

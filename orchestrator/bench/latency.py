@@ -31,15 +31,15 @@ from typing import Any
 
 import redis
 
-from orchestrator.bench_agents import (
+from orchestrator.bench.agents import (
     Runner,
     check_results,
     fleet_agent,
     local_agent,
     one_turn_model,
 )
-from orchestrator.bench_measure import summarise
-from orchestrator.dispatch import CeleryDispatcher
+from orchestrator.bench.measure import summarise
+from orchestrator.dispatch.celery import CeleryDispatcher
 from tool_workers.protocol import ToolRequest
 
 MODES = (

@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import Celery
 
-from orchestrator.dispatch import CeleryDispatcher
+from orchestrator.dispatch.celery import CeleryDispatcher
 from tool_workers.app import backend_url_of, create_app
 from tool_workers.settings import Settings
 

@@ -13,16 +13,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import redis
 from celery import Celery
 
+from orchestrator.calls import PreparedCall
 from tool_workers.protocol import call_marker_key, task_name
 from tool_workers.settings import Settings
-
-if TYPE_CHECKING:
-    from orchestrator.dispatch import PreparedCall
 
 log = logging.getLogger("toolfleet.dispatch")
 

@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from orchestrator.local import WorkerProcess, settings_env
-from tests.conftest import REPO, fleet_settings, worker_env
+from tests.support.fleet import REPO, fleet_settings, worker_env
 from tool_workers.settings import Settings
 
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """``toolfleet bench``: every scenario in one run, side by side, against its baselines.
 
 Benchmarks are not timed tests: they print tables and write a report. The scenarios
-(``orchestrator/bench_*.py``, one each):
+(``orchestrator/bench/*.py``, one each):
 
 * a. ``latency``: one trivial call, whole agent run; local ``ToolNode``, toolfleet sync
   and async; raw Celery and raw Redis round trips as floors.
@@ -27,13 +27,13 @@ from typing import Any
 
 from rich.console import Console
 
-from orchestrator.bench_fanout import run_dispatch_cost, run_fanout
-from orchestrator.bench_fleet import BenchFleet, load_average, machine_info
-from orchestrator.bench_latency import run_latency
-from orchestrator.bench_load import run_scale, run_throughput
-from orchestrator.bench_measure import bounded
-from orchestrator.bench_memory import leaks, run_memory
-from orchestrator.bench_report import (
+from orchestrator.bench.fanout import run_dispatch_cost, run_fanout
+from orchestrator.bench.fleet import BenchFleet, load_average, machine_info
+from orchestrator.bench.latency import run_latency
+from orchestrator.bench.load import run_scale, run_throughput
+from orchestrator.bench.measure import bounded
+from orchestrator.bench.memory import leaks, run_memory
+from orchestrator.bench.report import (
     markdown,
     print_tables,
     require_matplotlib,

@@ -5,8 +5,8 @@ A developer tool (``pip install py-spy``; root or ptrace rights needed), not par
 then has py-spy sample this process (or the worker) while the workload repeats, and
 prints the functions where the samples fall, by self and by inclusive time::
 
-    python bench/profile.py latency-sync --seconds 15
-    python bench/profile.py fanout-async --n 500 --target worker
+    python -m orchestrator.bench.profile latency-sync --seconds 15
+    python -m orchestrator.bench.profile fanout-async --n 500 --target worker
 
 Workloads: ``latency-sync``, ``latency-async`` (one ``echo`` call, whole agent run),
 ``fanout-sync``, ``fanout-async`` (N calls of ``sleep(0.5 s)`` in one AIMessage).
@@ -28,9 +28,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from orchestrator.bench_agents import Runner, check_results, fleet_agent, one_turn_model
-from orchestrator.bench_fleet import BenchFleet
+from orchestrator.bench.agents import Runner, check_results, fleet_agent, one_turn_model
+from orchestrator.bench.fleet import BenchFleet
 
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]+)(?::(?P<line>\d+))?\)$")
 
@@ -113,6 +114,7 @@ def main() -> int:
         settings = fleet.settings("profile")
         workers = fleet.start_workers(settings, args.workers, concurrency=args.concurrency)
         dispatcher = fleet.dispatcher(settings)
+        calls: list[tuple[str, dict[str, Any]]]
         if args.workload.startswith("latency"):
             calls, expected = [("echo", {"text": "hi"})], 1
         else:
@@ -128,7 +130,12 @@ def main() -> int:
         command += ["--rate", str(args.rate), "--format", "raw", "--threads", "--gil"]
         spy = subprocess.Popen([*command, "--output", str(raw)], stdout=subprocess.DEVNULL)
         done = threading.Event()
-        threading.Thread(target=lambda: (spy.wait(), done.set()), daemon=True).start()
+
+        def watch_spy() -> None:
+            spy.wait()
+            done.set()
+
+        threading.Thread(target=watch_spy, daemon=True).start()
         runs, t0 = 0, time.perf_counter()
         while not done.is_set() and time.perf_counter() - t0 < args.seconds + 30:
             check_results(runner.run(agent, mode), expected)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from orchestrator.bench_agents import (
+from orchestrator.bench.agents import (
     Marks,
     Runner,
     Window,
@@ -27,10 +27,10 @@ from orchestrator.bench_agents import (
     one_turn_model,
     tool_messages,
 )
-from orchestrator.bench_fleet import BenchFleet
-from orchestrator.bench_latency import celery_round_trip
-from orchestrator.bench_measure import summarise
-from orchestrator.dispatch import CeleryDispatcher
+from orchestrator.bench.fleet import BenchFleet
+from orchestrator.bench.latency import celery_round_trip
+from orchestrator.bench.measure import summarise
+from orchestrator.dispatch.celery import CeleryDispatcher
 from tool_workers.settings import Settings
 
 ECHO = ("echo", {"text": "hi"})

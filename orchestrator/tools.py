@@ -12,8 +12,9 @@ from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackMan
 from langchain_core.tools import BaseTool, ToolException
 from pydantic import ConfigDict, Field
 
-from orchestrator.dispatch import Dispatcher, PreparedCall
-from orchestrator.fleet import dispatcher_for
+from orchestrator.calls import PreparedCall
+from orchestrator.dispatch.base import Dispatcher
+from orchestrator.dispatch.fleet import dispatcher_for
 from tool_workers.protocol import ToolResult, ToolSpec, task_id_for
 from tool_workers.settings import Settings
 
@@ -98,13 +99,8 @@ def discover_tools(
     dispatcher = dispatcher or dispatcher_for(app, settings)
     wanted = set(require)
     deadline = time.monotonic() + wait
-    while True:
-        served = dispatcher.served_tools()
-        ready = wanted <= served.keys() if wanted else bool(served)
-        if ready or time.monotonic() >= deadline:
-            break
+    served = dispatcher.served_tools()
+    while not (wanted <= served.keys() if wanted else served) and time.monotonic() < deadline:
         time.sleep(0.2)
-        registry = getattr(dispatcher, "registry", None)
-        if registry is not None:
-            registry().refresh()
+        served = dispatcher.served_tools(fresh=True)
     return [RemoteTool.from_spec(served[name], dispatcher) for name in sorted(served)]

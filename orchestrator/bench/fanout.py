@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from orchestrator.bench_agents import (
+from orchestrator.bench.agents import (
     Marks,
     Runner,
     check_results,
@@ -30,8 +30,9 @@ from orchestrator.bench_agents import (
     local_agent,
     one_turn_model,
 )
-from orchestrator.bench_measure import summarise
-from orchestrator.dispatch import CeleryDispatcher, PreparedCall
+from orchestrator.bench.measure import summarise
+from orchestrator.calls import PreparedCall
+from orchestrator.dispatch.celery import CeleryDispatcher
 from tool_workers.protocol import task_id_for
 
 FANOUT_MODES = ("sync", "async")

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from tests.conftest import REPO
+from tests.support.fleet import REPO
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"

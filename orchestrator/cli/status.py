@@ -3,7 +3,7 @@
 Where each number comes from:
 
 * **workers online, tools per queue**: the registry the workers publish
-  (:func:`tool_workers.registry.read_entries`); an entry expires three refresh
+  (:func:`orchestrator.dispatch.registry.read_entries`); an entry expires three refresh
   intervals after its worker stopped refreshing it.
 * **queue depth**: calls waiting in the broker. kombu's Redis transport keeps a queue
   as a list named by the queue (``<namespace>:`` first when a namespace is set) plus a
@@ -37,10 +37,10 @@ from kombu.transport.redis import PRIORITY_STEPS, Channel
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.dispatch.registry import read_entries
 from tool_workers.app import create_app
 from tool_workers.connections import redis_client
-from tool_workers.protocol import WorkerEntry, tool_from_task
-from tool_workers.registry import read_entries
+from tool_workers.protocol import WorkerEntry, placement_pattern, tool_from_task
 from tool_workers.settings import Settings
 
 
@@ -145,7 +145,7 @@ def collect(settings: Settings, *, app: Celery | None = None, timeout: float = 2
 
 def _placement(client: redis.Redis, settings: Settings) -> list[dict[str, Any]]:
     """The tool placement orchestrator processes published (their agents' first model call)."""
-    keys = sorted(client.scan_iter(match=f"{settings.key_prefix}placement:*", count=500))
+    keys = sorted(client.scan_iter(match=placement_pattern(settings.key_prefix), count=500))
     records = []
     for raw in client.mget(keys) if keys else []:
         if raw is None:

@@ -1,14 +1,14 @@
-"""Hand tool calls to the workers and collect their results.
-
-:class:`Dispatcher` is the seam at the network boundary: :class:`CeleryDispatcher`
-publishes Celery tasks and waits on the result backend; the in-process
-:class:`~orchestrator.local_dispatch.InProcessDispatcher` runs tools in threads for
-fast tests.
+"""The Celery dispatcher: tool calls as Celery tasks, results from the backend's pub/sub.
 
 A call is published at most once. Its task id is derived from its identity, and a
 ``SET NX`` marker guards the send: a second dispatch of the same call, from this
 process or a restarted one, attaches to the first instead of running the tool again
 (Celery itself would run a task twice if it were sent twice with the same id).
+
+Sync and async callers share every decision; they differ only in how they wait: a
+sync caller blocks on the call's future, an async one awaits it, and every blocking
+Redis or broker round trip an async caller needs runs on this dispatcher's own I/O
+threads, never on the event loop.
 """
 
 from __future__ import annotations
@@ -16,28 +16,36 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import json
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, TypeVar
 
 import redis
 from celery import Celery
 
-from orchestrator.outcome import result_from_meta
-from orchestrator.publish import Publisher
-from orchestrator.registry_view import RegistryView
-from orchestrator.results import ResultListener
-from orchestrator.watch import StateCallback
+from orchestrator.calls import PreparedCall
+from orchestrator.dispatch.base import PlacementTable
+from orchestrator.dispatch.listener import ResultListener
+from orchestrator.dispatch.outcome import result_from_meta
+from orchestrator.dispatch.publish import Publisher
+from orchestrator.dispatch.registry import RegistryView
+from orchestrator.dispatch.watch import StateCallback
+from orchestrator.messages import hung_text
 from tool_workers.connections import redis_client, redis_connection_kwargs
 from tool_workers.errors import DispatchError, ResultTimeout
-from tool_workers.protocol import Injected, ToolRequest, ToolResult, ToolSpec
+from tool_workers.protocol import ToolResult, ToolSpec, placement_key, reply_channel
 from tool_workers.settings import Settings
 
 log = logging.getLogger("toolfleet.dispatch")
+
+T = TypeVar("T")
 
 CHECK_INTERVAL = 5.0
 """Seconds between a waiter's checks that its call is still owned by someone."""
@@ -45,71 +53,14 @@ CHECK_INTERVAL = 5.0
 ORPHAN_GRACE = 300.0
 """Seconds a finished call published eagerly may wait for its Send task to collect it."""
 
-
-@dataclass(frozen=True, slots=True)
-class PreparedCall:
-    """A tool call ready to cross the wire."""
-
-    tool: str
-    call_id: str
-    args: dict[str, Any]
-    task_id: str
-    thread_id: str | None = None
-    run_id: str | None = None
-    queue: str | None = None
-    spec: ToolSpec | None = field(default=None, compare=False)
-    injected: Injected | None = field(default=None, compare=False)
-    """Graph context the tool declared it needs."""
-    attempt: int = 0
-    """0 for the first dispatch; n for the n-th time an outer middleware retries the call."""
-
-    def request(self) -> ToolRequest:
-        """The wire request for this call."""
-        return ToolRequest(
-            tool=self.tool,
-            call_id=self.call_id,
-            args=self.args,
-            idempotency_key=self.task_id,
-            thread_id=self.thread_id,
-            run_id=self.run_id,
-            injected=self.injected,
-            progress=True,
-        )
-
-
-def _idle_timeout(call: PreparedCall) -> float | None:
-    value = call.spec.options.get("idle_timeout") if call.spec is not None else None
-    return float(value) if value else None
+PLACEMENT_TTL = 3600
+"""Seconds a published tool placement is kept (``toolfleet status`` shows it)."""
 
 
 @dataclass
 class _Batch:
     done: asyncio.Future[None]
     calls: list[PreparedCall] = field(default_factory=list)
-
-
-class Dispatcher(Protocol):
-    """Publishes calls and hands back their results."""
-
-    def served_tools(self) -> Mapping[str, ToolSpec]:
-        """Tools some live worker serves now, by name."""
-        ...
-
-    def submit(self, calls: Sequence[PreparedCall], on_state: StateCallback | None = None) -> None:
-        """Publish every call not yet published; returns once they are on the broker."""
-        ...
-
-    def wait(self, call: PreparedCall, timeout: float | None = None) -> ToolResult:
-        """Block until ``call``'s result is in (submitting it first if needed)."""
-        ...
-
-    async def wait_async(self, call: PreparedCall, timeout: float | None = None) -> ToolResult:
-        """Await ``call``'s result without blocking the event loop."""
-        ...
-
-    def cancel(self, calls: Sequence[PreparedCall], terminate: bool = True) -> None:
-        """Revoke calls that are still queued or running and stop waiting for them."""
-        ...
 
 
 class CeleryDispatcher:
@@ -120,13 +71,13 @@ class CeleryDispatcher:
         self.settings = settings
         self._redis = redis_client(settings.backend_url, settings)
         self._registry = RegistryView(redis_client(settings.broker_url, settings), settings)
-        reply_channel = f"{settings.key_prefix}reply:{uuid.uuid4().hex}"
-        self._publisher = Publisher(app, settings, self._redis, reply_to=reply_channel)
+        channel = reply_channel(settings.key_prefix, uuid.uuid4().hex)
+        self._publisher = Publisher(app, settings, self._redis, reply_to=channel)
         self.listener = ResultListener(
             settings.backend_url,
             app.backend.get_key_for_task,
             redis_connection_kwargs(settings.backend_url, settings),
-            reply_channel=reply_channel,
+            reply_channel=channel,
         )
         self._lock = threading.Lock()
         self._futures: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}
@@ -137,17 +88,43 @@ class CeleryDispatcher:
         self._publish_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="toolfleet-publish"
         )
+        # Blocking round trips of async callers (registry reads, revokes, ownership
+        # checks): threads of their own, so they never wait behind a publication.
+        self._io_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="toolfleet-io"
+        )
         self._batches: dict[asyncio.AbstractEventLoop, _Batch] = {}
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._io_pool, fn, *args)
 
     # -- registry -------------------------------------------------------------------------
 
-    def served_tools(self) -> Mapping[str, ToolSpec]:
-        """Tools some live worker serves now (cached for a second)."""
-        return self._registry.tools()
+    def served_tools(self, *, fresh: bool = False) -> Mapping[str, ToolSpec]:
+        """Tools some live worker serves now (cached for a second unless ``fresh``)."""
+        return self._registry.tools(fresh=fresh)
+
+    async def served_tools_async(self, *, fresh: bool = False) -> Mapping[str, ToolSpec]:
+        """:meth:`served_tools`; a read that must go to Redis runs off the event loop."""
+        if not fresh and not self._registry.stale:
+            return self._registry.tools()
+        return await self._off_loop(functools.partial(self._registry.tools, fresh=fresh))
 
     def registry(self) -> RegistryView:
         """The registry view this dispatcher routes with."""
         return self._registry
+
+    def note_placement(self, table: PlacementTable) -> None:
+        """Publish an agent's tool placement for ``toolfleet status`` (best effort)."""
+        key = placement_key(self.settings.key_prefix, socket.gethostname(), os.getpid())
+        try:
+            self._redis.set(key, _placement_record(table), ex=PLACEMENT_TTL)
+        except redis.RedisError as exc:
+            log.warning("could not publish the tool placement: %r", exc)
+
+    async def note_placement_async(self, table: PlacementTable) -> None:
+        """:meth:`note_placement` off the event loop."""
+        await self._off_loop(self.note_placement, table)
 
     # -- publishing ---------------------------------------------------------------------
 
@@ -280,18 +257,14 @@ class CeleryDispatcher:
             ResultTimeout: no result within ``timeout`` seconds.
         """
         future = self._future(call)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _deadline(timeout)
         try:
             while True:
                 try:
-                    meta = future.result(self._step(call, deadline, time.monotonic()))
+                    meta = future.result(self._step(call, deadline))
                     break
                 except concurrent.futures.TimeoutError:
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise ResultTimeout(
-                            f"no result for {call.tool} call {call.call_id}"
-                        ) from None
-                    hung = self._hung(call)
+                    hung = self._between_steps(call, deadline)
                     if hung is not None:
                         return hung
                     self._still_owned(call)
@@ -306,49 +279,54 @@ class CeleryDispatcher:
             ResultTimeout: no result within ``timeout`` seconds.
         """
         future = asyncio.wrap_future(self._future(call))
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _deadline(timeout)
         try:
             while True:
                 # asyncio.wait, unlike wait_for, neither wraps the future in a task nor
                 # cancels it on a timeout.
-                await asyncio.wait((future,), timeout=self._step(call, deadline, time.monotonic()))
+                await asyncio.wait((future,), timeout=self._step(call, deadline))
                 if future.done():
                     meta = future.result()
                     break
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise ResultTimeout(f"no result for {call.tool} call {call.call_id}")
-                hung = self._hung(call)
+                hung = self._between_steps(call, deadline)
                 if hung is not None:
                     return hung
-                await loop.run_in_executor(self._publish_pool, self._still_owned, call)
+                await self._off_loop(self._still_owned, call)
         finally:
             self._forget(call.task_id)
         return result_from_meta(meta, call.tool, call.spec)
 
     @staticmethod
-    def _step(call: PreparedCall, deadline: float | None, now: float) -> float:
+    def _step(call: PreparedCall, deadline: float | None) -> float:
+        """How long to wait before the next check: the ownership check, the idle timeout
+        and the caller's deadline, whichever comes first."""
         step = CHECK_INTERVAL
-        idle = _idle_timeout(call)
+        idle = call.idle_timeout
         if idle is not None:
             step = min(step, max(idle / 4, 0.05))
         if deadline is not None:
-            step = min(step, max(deadline - now, 0.0))
+            step = min(step, max(deadline - time.monotonic(), 0.0))
         return step
+
+    def _between_steps(self, call: PreparedCall, deadline: float | None) -> ToolResult | None:
+        """After a step without a result: raise past the deadline, answer a hung call.
+
+        Raises:
+            ResultTimeout: the caller's deadline passed.
+        """
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ResultTimeout(f"no result for {call.tool} call {call.call_id}")
+        return self._hung(call)
 
     def _hung(self, call: PreparedCall) -> ToolResult | None:
         """An error result when a started call outlived its idle timeout (it is revoked)."""
-        idle = _idle_timeout(call)
+        idle = call.idle_timeout
         last = self.listener.last_activity(call.task_id) if idle is not None else None
         if idle is None or last is None or time.monotonic() - last < idle:
             return None
         log.warning("call %s to %s silent for %gs: revoking it", call.call_id, call.tool, idle)
-        self.cancel([call], terminate=True)
-        return ToolResult.error(
-            "hung",
-            f"Error: the tool '{call.tool}' showed no progress for {idle:g} s (its idle "
-            "timeout) and was stopped.\n Please fix your mistakes.",
-        )
+        self._revoke([call.task_id], terminate=True)
+        return ToolResult.error("hung", hung_text(call.tool, idle))
 
     def _forget(self, task_id: str) -> None:
         with self._lock:
@@ -361,25 +339,27 @@ class CeleryDispatcher:
     def cancel(self, calls: Sequence[PreparedCall], terminate: bool = True) -> None:
         """Revoke the calls (terminating them on prefork workers) and stop waiting."""
         ids = [c.task_id for c in calls]
-        if not ids:
-            return
+        if ids:
+            self._revoke(ids, terminate)
+            self._forget_all(ids)
+
+    async def cancel_async(self, calls: Sequence[PreparedCall], terminate: bool = True) -> None:
+        """:meth:`cancel`; the revoke broadcast is sent off the event loop."""
+        ids = [c.task_id for c in calls]
+        if ids:
+            # Stop waiting at once, even when the broadcast must wait for the broker.
+            self._forget_all(ids)
+            await self._off_loop(self._revoke, ids, terminate)
+
+    def _revoke(self, ids: list[str], terminate: bool) -> None:
         try:
             self.app.control.revoke(ids, terminate=terminate, signal="SIGTERM")
         except Exception as exc:  # revocation is best effort; the run is ending anyway
             log.warning("could not revoke %d call(s): %r", len(ids), exc)
+
+    def _forget_all(self, ids: Sequence[str]) -> None:
         for task_id in ids:
             self._forget(task_id)
-
-    def note_placement(self, table: Mapping[str, Mapping[str, str]]) -> None:
-        """Publish an agent's tool placement for ``toolfleet status`` (best effort)."""
-        from orchestrator.placement import placement_key, placement_record
-
-        try:
-            self._redis.set(
-                placement_key(self.settings.key_prefix), placement_record(table), ex=3600
-            )
-        except redis.RedisError as exc:
-            log.warning("could not publish the tool placement: %r", exc)
 
     def in_flight(self) -> int:
         """Calls this process is waiting on."""
@@ -390,4 +370,16 @@ class CeleryDispatcher:
         """Stop the result listener and drop connections."""
         self.listener.close()
         self._publish_pool.shutdown(wait=False)
+        self._io_pool.shutdown(wait=False)
         self._redis.close()
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _placement_record(table: PlacementTable) -> str:
+    """The JSON an orchestrator publishes (read by ``toolfleet status``)."""
+    return json.dumps(
+        {"host": socket.gethostname(), "pid": os.getpid(), "at": time.time(), "tools": table}
+    )

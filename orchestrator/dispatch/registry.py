@@ -1,0 +1,89 @@
+"""The orchestrator's view of the tool registry the workers publish.
+
+Each worker keeps one entry fresh (:mod:`tool_workers.registry` writes it); this side
+reads every entry with one ``SCAN`` + ``MGET``, at most once a second, and shares the
+resulting tool map between threads without copying it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+import redis
+
+from tool_workers.protocol import ToolSpec, WorkerEntry, worker_registry_pattern
+from tool_workers.settings import Settings
+
+log = logging.getLogger("toolfleet.registry")
+
+CACHE_SECONDS = 1.0
+"""How long a read of the registry is reused (one SCAN per second at most)."""
+
+
+def read_entries(client: redis.Redis, key_prefix: str) -> list[WorkerEntry]:
+    """Every live worker's entry (unreadable entries are skipped with a warning)."""
+    keys = list(client.scan_iter(match=worker_registry_pattern(key_prefix), count=500))
+    if not keys:
+        return []
+    entries = []
+    for raw in client.mget(keys):
+        if raw is None:  # expired between SCAN and MGET
+            continue
+        try:
+            entries.append(WorkerEntry.model_validate_json(raw))
+        except ValueError as exc:
+            log.warning("ignoring unreadable registry entry: %r", exc)
+    return entries
+
+
+def served_tools(entries: Iterable[WorkerEntry]) -> dict[str, ToolSpec]:
+    """The tools some live worker serves, by name (the most recently refreshed spec wins)."""
+    tools: dict[str, ToolSpec] = {}
+    for entry in sorted(entries, key=lambda e: e.updated_at):
+        for spec in entry.tools:
+            tools[spec.name] = spec
+    return tools
+
+
+class RegistryView:
+    """Cached, thread-safe reads of which workers are live and which tools they serve."""
+
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self._client = client
+        self._prefix = settings.key_prefix
+        self._lock = threading.Lock()
+        self._entries: list[WorkerEntry] = []
+        self._tools: Mapping[str, ToolSpec] = MappingProxyType({})
+        self._read_at = float("-inf")
+
+    def refresh(self) -> None:
+        """Read the registry now."""
+        entries = read_entries(self._client, self._prefix)
+        with self._lock:
+            self._entries = entries
+            # Replaced whole, never mutated: readers share it without a copy.
+            self._tools = MappingProxyType(served_tools(entries))
+            self._read_at = time.monotonic()
+
+    @property
+    def stale(self) -> bool:
+        """Whether the next read goes to Redis (the cached one is older than a second)."""
+        return time.monotonic() - self._read_at > CACHE_SECONDS
+
+    def tools(self, *, fresh: bool = False) -> Mapping[str, ToolSpec]:
+        """Tools some live worker serves, by name (``fresh``: read Redis first)."""
+        if fresh or self.stale:
+            self.refresh()
+        with self._lock:
+            return self._tools
+
+    def workers(self) -> list[WorkerEntry]:
+        """Every live worker's entry."""
+        if self.stale:
+            self.refresh()
+        with self._lock:
+            return list(self._entries)

@@ -1,0 +1,2 @@
+"""Helpers the test suites share: fleets, servers, Compose (test modules never import
+each other)."""

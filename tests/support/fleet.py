@@ -1,0 +1,145 @@
+"""Fleets for tests: settings in a fresh namespace, worker environments, side-effect
+counters, and waits on the state a test means (never a fixed sleep)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+
+from orchestrator.scripted import ScriptedChatModel, tool_calls_message
+from tool_workers.app import create_app
+from tool_workers.protocol import run_marker_key
+from tool_workers.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+TEST_POLICY = REPO / "tests" / "fleet_policy.toml"
+FAULT_POLICY = REPO / "tests" / "faults" / "fault_policy.toml"
+RUN_ID = uuid.uuid4().hex[:8]
+"""This test run's id: every namespace it makes starts with ``tft-<id>-``."""
+
+
+def new_namespace() -> str:
+    """A key namespace no other test or test run uses."""
+    return f"tft-{RUN_ID}-{uuid.uuid4().hex[:8]}"
+
+
+def fleet_settings(redis_url: str, workdir: Path, **overrides: Any) -> Settings:
+    """Settings for a test fleet, in a fresh namespace unless one is given."""
+    values: dict[str, Any] = {
+        "broker_url": redis_url,
+        "namespace": new_namespace(),
+        "tool_modules": ("tests.fleet_tools",),
+        "config": TEST_POLICY,
+        "workspace_root": workdir / "workspace",
+        "registry_refresh": 1.0,
+        "unserved_wait": 2.0,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def worker_env(settings: Settings) -> dict[str, str]:
+    """Environment the test tools need on the worker side."""
+    return {
+        "PYTHONPATH": str(REPO),
+        "TOOLFLEET_TEST_COUNTER_URL": settings.broker_url,
+    }
+
+
+def effects(client: redis.Redis, settings: Settings, kind: str) -> dict[str, int]:
+    """How many times each call (by idempotency key) of ``kind`` really ran."""
+    prefix = f"{settings.namespace}:effects:{kind}:"
+    runs: dict[str, int] = {}
+    for raw in client.lrange(f"{prefix}log", 0, -1):
+        key = raw.decode()
+        runs[key] = runs.get(key, 0) + 1
+    return runs
+
+
+def one_turn(calls: Sequence[tuple[str, dict[str, Any]]]) -> ScriptedChatModel:
+    """A model that makes ``calls`` once, then answers with the tool results it saw."""
+
+    def policy(messages: Sequence[BaseMessage]) -> AIMessage:
+        if messages[-1].type == "human":
+            return tool_calls_message(calls)
+        results = [m.content for m in messages if isinstance(m, ToolMessage)]
+        return AIMessage(content=f"done: {len(results)} results")
+
+    return ScriptedChatModel(policy=policy)
+
+
+def wait_until(
+    condition: Callable[[], Any], timeout: float = 30.0, what: str = "the condition"
+) -> Any:
+    """Poll ``condition`` until it returns something true; that value.
+
+    Raises:
+        AssertionError: not within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:g} s")
+        time.sleep(0.02)
+
+
+def call_states(settings: Settings) -> Counter[str]:
+    """How many calls of the namespace the result backend holds in each Celery state."""
+    client = redis.Redis.from_url(settings.backend_url)
+    try:
+        keys = list(client.scan_iter(match=f"{settings.namespace}:celery-task-meta-*", count=1000))
+        raws = client.mget(keys) if keys else []
+    finally:
+        client.close()
+    return Counter(str(json.loads(raw)["status"]) for raw in raws if raw is not None)
+
+
+def started_calls(settings: Settings) -> int:
+    """How many calls of the namespace a worker has started (their run markers)."""
+    client = redis.Redis.from_url(settings.broker_url)
+    try:
+        pattern = run_marker_key(settings.key_prefix, "*")
+        return len(list(client.scan_iter(match=pattern, count=1000)))
+    finally:
+        client.close()
+
+
+def wait_started(settings: Settings, task_id: str, timeout: float = 20.0) -> dict[str, Any]:
+    """Wait until a worker reports the call STARTED; its meta (``pid``, ``hostname``)."""
+    app = create_app(settings)
+    client = redis.Redis.from_url(settings.backend_url)
+    key = app.backend.get_key_for_task(task_id)
+
+    def started() -> dict[str, Any] | None:
+        raw = client.get(key)
+        meta = json.loads(raw) if raw is not None else {}
+        return dict(meta["result"]) if meta.get("status") == "STARTED" else None
+
+    try:
+        return dict(wait_until(started, timeout, f"the start of call {task_id}"))
+    finally:
+        client.close()
+        app.close()
+
+
+def result_state(settings: Settings, task_id: str) -> str | None:
+    """The Celery state stored for a call (``None`` if nothing is stored)."""
+    app = create_app(settings)
+    client = redis.Redis.from_url(settings.backend_url)
+    try:
+        raw = client.get(app.backend.get_key_for_task(task_id))
+    finally:
+        client.close()
+        app.close()
+    return None if raw is None else str(json.loads(raw)["status"])

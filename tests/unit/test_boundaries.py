@@ -1,0 +1,191 @@
+"""The package boundary and the import graph: what may import what.
+
+Dependencies point one way: the agent-facing modules of ``orchestrator`` use the
+transport (``orchestrator.dispatch``), which uses the wire contract of ``tool_workers``.
+Imports inside functions count: a cycle hidden in a function is still a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.dispatch.base import Dispatcher
+from orchestrator.dispatch.celery import CeleryDispatcher
+from orchestrator.dispatch.in_process import InProcessDispatcher
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("orchestrator", "tool_workers")
+
+CONTRACT = frozenset(
+    {
+        "tool_workers",  # the package's public names (current_call, heartbeat, Settings, ...)
+        "tool_workers.protocol",  # wire models, task/queue names, Redis keys, shared texts
+        "tool_workers.errors",  # the exception tree
+        "tool_workers.settings",  # the one settings object
+        "tool_workers.connections",  # Redis clients with the deployment's TLS, URL masking
+        "tool_workers.wire_json",  # graph values as JSON
+        "tool_workers.app",  # the Celery app both sides build from settings
+        "tool_workers.logs",  # the log line format both sides write
+    }
+)
+"""The ``tool_workers`` modules the orchestrator may import."""
+
+RUNS_THE_WORKER = {
+    "orchestrator.dispatch.in_process": {"tool_workers.execute", "tool_workers.tasks"},
+    "orchestrator.bench.agents": {"tool_workers.builtin.diagnostics"},
+}
+"""The exceptions, which run worker code in this process on purpose: the in-process
+dispatcher (fast tests), and the benchmark's local ``ToolNode`` baseline (the same tool
+code, run without toolfleet)."""
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def sources() -> Iterator[tuple[str, Path]]:
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            yield module_name(path), path
+
+
+MODULES = dict(sources())
+
+
+def imported(name: str, path: Path) -> set[str]:
+    """Modules of the two packages that ``name`` imports, wherever the import stands."""
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".")
+                anchor = anchor if is_package else anchor[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                # ``from pkg import submodule`` imports the submodule.
+                full = f"{base}.{alias.name}"
+                targets.append(full if full in MODULES else base)
+        for target in targets:
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+GRAPH = {name: imported(name, path) for name, path in MODULES.items()}
+
+
+def test_given_tool_workers_then_it_never_imports_the_orchestrator() -> None:
+    offenders = {
+        name: sorted(t for t in targets if t.startswith("orchestrator"))
+        for name, targets in GRAPH.items()
+        if name.startswith("tool_workers")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_given_orchestrator_then_it_imports_only_the_workers_contract() -> None:
+    offenders = {}
+    for name, targets in GRAPH.items():
+        if not name.startswith("orchestrator"):
+            continue
+        allowed = CONTRACT | RUNS_THE_WORKER.get(name, set())
+        outside = sorted(t for t in targets if t.startswith("tool_workers") and t not in allowed)
+        if outside:
+            offenders[name] = outside
+    assert offenders == {}
+
+
+def test_given_both_packages_then_no_import_cycle() -> None:
+    # Tarjan's strongly connected components; any component of two or more is a cycle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(GRAPH.get(node, ())):
+            # A package's own __init__ re-exporting its modules is not a dependency of
+            # theirs; a module importing its package's __init__ still is one.
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(GRAPH):
+        if node not in index:
+            visit(node)
+    assert cycles == []
+
+
+def test_given_orchestrator_then_at_most_twenty_top_level_modules() -> None:
+    top = [p for p in (REPO / "orchestrator").glob("*.py")]
+    assert len(top) <= 20, sorted(p.name for p in top)
+
+
+def protocol_members() -> list[str]:
+    return [
+        name
+        for name in dir(Dispatcher)
+        if not name.startswith("_") and name not in dir(object) and name != "settings"
+    ]
+
+
+@pytest.mark.parametrize("implementation", [CeleryDispatcher, InProcessDispatcher])
+def test_given_dispatcher_then_it_implements_every_method_of_the_interface(
+    implementation: type,
+) -> None:
+    for name in protocol_members():
+        declared = getattr(Dispatcher, name)
+        method = getattr(implementation, name, None)
+        assert method is not None, f"{implementation.__name__} lacks {name}"
+        assert inspect.iscoroutinefunction(method) == inspect.iscoroutinefunction(declared), name
+        wanted = list(inspect.signature(declared).parameters)
+        assert list(inspect.signature(method).parameters) == wanted, name
+
+
+def test_given_orchestrator_then_no_caller_probes_a_dispatcher_with_getattr() -> None:
+    probes = []
+    for name, path in MODULES.items():
+        if not name.startswith("orchestrator"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+                and node.args
+                and "dispatcher" in ast.unparse(node.args[0])
+            ):
+                probes.append(f"{name}: {ast.unparse(node)}")
+    assert probes == []

@@ -1,0 +1,92 @@
+"""What the result backend holds for a call, turned into the ToolResult the model reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.dispatch.outcome import result_from_meta
+from tool_workers.protocol import ToolResult, ToolSpec
+
+SPEC = ToolSpec(name="grep", options={"time_limit": 30.0})
+
+
+def failure(exc_type: str, *message: Any) -> dict[str, Any]:
+    return {"status": "FAILURE", "result": {"exc_type": exc_type, "exc_message": list(message)}}
+
+
+def test_given_success_with_a_toolfleet_result_then_that_result() -> None:
+    sent = ToolResult(content="3 matches", worker="w1", pid=7, duration=0.5)
+    meta = {"status": "SUCCESS", "result": sent.model_dump(mode="json")}
+
+    assert result_from_meta(meta, "grep") == sent
+
+
+def test_given_success_whose_payload_is_not_a_result_then_protocol_error() -> None:
+    result = result_from_meta({"status": "SUCCESS", "result": {"unexpected": 1}}, "grep")
+
+    assert (result.status, result.error_kind) == ("error", "protocol")
+    assert "is not a toolfleet result" in str(result.content)
+
+
+def test_given_revoked_then_cancelled_error() -> None:
+    result = result_from_meta({"status": "REVOKED", "result": None}, "grep")
+
+    assert result.error_kind == "cancelled"
+    assert result.content == "Error: the call to 'grep' was cancelled before it finished."
+
+
+def test_given_hard_time_limit_then_timeout_naming_the_policy_limit() -> None:
+    result = result_from_meta(failure("TimeLimitExceeded", "31.0"), "grep", SPEC)
+
+    assert result.error_kind == "timeout"
+    assert "within its time limit of 30 s" in str(result.content)
+
+
+def test_given_hard_time_limit_without_spec_then_the_limit_celery_reported() -> None:
+    result = result_from_meta(failure("TimeLimitExceeded", "12.5"), "grep")
+
+    assert "within its time limit of 12.5 s" in str(result.content)
+
+
+def test_given_hard_time_limit_with_unreadable_detail_then_limit_unnamed() -> None:
+    result = result_from_meta(failure("TimeLimitExceeded", "soon"), "grep")
+
+    assert "did not finish within its time limit and" in str(result.content)
+
+
+def test_given_not_registered_then_unknown_tool() -> None:
+    result = result_from_meta(failure("NotRegistered", "tools.grep"), "grep")
+
+    assert result.error_kind == "unknown_tool"
+    assert "does not serve it" in str(result.content)
+
+
+@pytest.mark.parametrize("exc_type", ["UnreadableCall", "ContentDisallowed", "DecodeError"])
+def test_given_unreadable_message_then_protocol_error_with_detail(exc_type: str) -> None:
+    result = result_from_meta(failure(exc_type, "bad body"), "grep")
+
+    assert result.error_kind == "protocol"
+    assert "could not read the call to 'grep': bad body" in str(result.content)
+
+
+def test_given_worker_lost_then_worker_lost_error() -> None:
+    result = result_from_meta(failure("WorkerLostError", "signal 9"), "grep")
+
+    assert result.error_kind == "worker_lost"
+    assert "stopped (signal 9)" in str(result.content)
+
+
+def test_given_other_failure_then_tool_error_with_its_type_name() -> None:
+    result = result_from_meta(failure("OSError", "disk full"), "grep")
+
+    assert result.error_kind == "tool_error"
+    assert result.content == "Error: OSError('disk full')\n Please fix your mistakes."
+
+
+@pytest.mark.parametrize("payload", [None, "text", ["list"], {"exc_message": "one string"}])
+def test_given_failure_with_odd_payload_then_still_a_tool_error(payload: Any) -> None:
+    result = result_from_meta({"status": "FAILURE", "result": payload}, "grep")
+
+    assert (result.status, result.error_kind) == ("error", "tool_error")
