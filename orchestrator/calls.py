@@ -59,9 +59,27 @@ def prepare(request: ToolCallRequest, spec: ToolSpec) -> PreparedCall:
     thread_id = (config.get("configurable") or {}).get("thread_id")
     run_id = _run_id(request, config)
     message = owning_message(request.state, request.tool_call["id"])
-    return prepare_raw(
-        request.tool_call, spec, thread_id, run_id, message.id if message is not None else None
-    )
+    return prepare_raw(request.tool_call, spec, thread_id, run_id, message_scope(request, message))
+
+
+def message_scope(request: ToolCallRequest, message: AIMessage | None) -> str | None:
+    """What tells the calls of ``message`` apart from every other AIMessage's calls.
+
+    Within a thread that is the message's id. A graph without a thread id (no
+    checkpointer), or whose messages carry no ids, would give ``call_0`` of every run the
+    same identity, and a second run would be handed the first one's stored result: there
+    the superstep's checkpoint id (unique per run and step; the same for every call of
+    one fan-out, and when a checkpointed run resumes) or else the run id joins in.
+    """
+    message_id = message.id if message is not None else None
+    config = request.runtime.config if request.runtime is not None else {}
+    if (config.get("configurable") or {}).get("thread_id") is not None and message_id:
+        return message_id
+    info = getattr(request.runtime, "execution_info", None)
+    salt = getattr(info, "checkpoint_id", None) or _run_id(request, config)
+    if not salt:
+        return message_id
+    return f"{message_id or ''}@{salt}"
 
 
 def prepare_raw(

@@ -20,7 +20,7 @@ from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import AIMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
-from orchestrator.calls import PreparedCall, answered_ids, prepare_raw
+from orchestrator.calls import PreparedCall, answered_ids, message_scope, prepare_raw
 from orchestrator.injection import injected_for
 from tool_workers.protocol import ToolSpec
 from tool_workers.wire_json import NotJSONError
@@ -99,6 +99,7 @@ def pending_siblings(
         edits: The reviewer's edits to apply first (HITL), by call id.
     """
     done = answered_ids(request.state)
+    scope = message_scope(request, message)
     siblings = []
     for original in message.tool_calls:
         if not original.get("id") or original["id"] in done:
@@ -111,6 +112,6 @@ def pending_siblings(
             injected = injected_for(spec, request)
         except NotJSONError:
             continue  # its own Send task reports the error
-        sibling = prepare_raw(tool_call, spec, call.thread_id, call.run_id, message.id)
+        sibling = prepare_raw(tool_call, spec, call.thread_id, call.run_id, scope)
         siblings.append(replace(sibling, injected=injected))
     return siblings

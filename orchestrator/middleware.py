@@ -35,7 +35,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
 from orchestrator.calllog import log_finished
-from orchestrator.calls import PreparedCall, owning_message, prepare
+from orchestrator.calls import PreparedCall, message_scope, owning_message, prepare
 from orchestrator.deadline import remaining, run_deadline
 from orchestrator.dispatch.base import Dispatcher
 from orchestrator.dispatch.fleet import dispatcher_for
@@ -349,7 +349,7 @@ class CeleryToolMiddleware(AgentMiddleware):
         message = owning_message(request.state, call.call_id)
         if message is None:
             return
-        marker = f"{call.thread_id}\x1f{message.id}"
+        marker = f"{call.thread_id}\x1f{message_scope(request, message)}"
         if marker in self._published:
             return
         self._published[marker] = None

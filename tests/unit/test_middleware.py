@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import pytest
 from langchain.agents import create_agent
@@ -544,3 +544,42 @@ def test_given_call_edited_after_eager_publish_when_reconciled_then_context_and_
     assert call.task_id != published.task_id
     assert (call.args, call.injected, call.attempt) == ({"text": "new"}, context, 2)
     assert dispatcher.cancelled == ["t-1"]
+
+
+class ListState(TypedDict):
+    messages: list[AnyMessage]  # no add_messages reducer: messages keep no ids
+
+
+def id_less_graph(dispatcher: InProcessDispatcher, label: str) -> Any:
+    """A hand-built graph whose AIMessage has no id and whose only call is ``call_0``."""
+
+    def model(state: ListState) -> dict[str, Any]:
+        if isinstance(state["messages"][-1], ToolMessage):
+            return {"messages": [*state["messages"], AIMessage(content="done")]}
+        call = {"name": "echo", "args": {"text": label}, "id": "call_0", "type": "tool_call"}
+        return {"messages": [*state["messages"], AIMessage(content="", tool_calls=[call])]}
+
+    builder = StateGraph(ListState)
+    builder.add_node("model", model)
+    builder.add_node("tools", RemoteToolNode([echo], dispatcher=dispatcher))
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges("model", tools_condition)
+    builder.add_edge("tools", "model")
+    return builder.compile()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_given_graphs_without_thread_or_message_ids_when_two_runs_call_0_then_each_runs(
+    dispatcher: InProcessDispatcher, mode: Mode
+) -> None:
+    # Given two users' runs with no thread id and no message ids, both calling call_0
+    answers = []
+    for label in ("first user", "second user"):
+        graph = id_less_graph(dispatcher, label)
+        inputs = {"messages": [HumanMessage("go")]}
+        state = graph.invoke(inputs) if mode == "invoke" else asyncio.run(graph.ainvoke(inputs))
+        answers.append(tool_messages(state["messages"]))
+
+    # Then each call ran for its own run: nobody got another run's result
+    assert [[m.content for m in a] for a in answers] == [["first user"], ["second user"]]
+    assert len(dispatcher.published) == 2 and set(dispatcher.published.values()) == {1}
