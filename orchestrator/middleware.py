@@ -120,7 +120,6 @@ class CeleryToolMiddleware(AgentMiddleware):
         self._delivered: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._retry_of: dict[str, str] = {}
         self._placements_seen: set[frozenset[str]] = set()
-        self._cancelling: set[asyncio.Task[None]] = set()
 
     @property
     def dispatcher(self) -> Dispatcher:
@@ -235,9 +234,8 @@ class CeleryToolMiddleware(AgentMiddleware):
             raise _deadline_error(call, before=False) from exc
         except asyncio.CancelledError:
             # The run was cancelled (or a sibling failed): nothing keeps working for it.
-            # The revoke goes out from a task of its own: this one is being cancelled.
-            self._revoke_soon(call)
             events.cancelled(call)
+            await self._dispatcher.cancel_async([call], terminate=True)
             raise
         return self._finish(call, result, events)
 
@@ -287,11 +285,6 @@ class CeleryToolMiddleware(AgentMiddleware):
         return error_message(
             name, request.tool_call["id"], "unserved", unserved_text(name, self.unserved_wait)
         )
-
-    def _revoke_soon(self, call: PreparedCall) -> None:
-        task = asyncio.get_running_loop().create_task(self._dispatcher.cancel_async([call]))
-        self._cancelling.add(task)  # held until done: the loop keeps only weak references
-        task.add_done_callback(self._cancelling.discard)
 
     def _prepare(self, request: ToolCallRequest, spec: ToolSpec) -> PreparedCall | ToolMessage:
         """The call on the wire, with its graph context; an error message if that fails."""

@@ -266,6 +266,7 @@ class CeleryDispatcher:
                 except concurrent.futures.TimeoutError:
                     hung = self._between_steps(call, deadline)
                     if hung is not None:
+                        self._revoke([call.task_id], terminate=True)
                         return hung
                     self._still_owned(call)
         finally:
@@ -290,6 +291,7 @@ class CeleryDispatcher:
                     break
                 hung = self._between_steps(call, deadline)
                 if hung is not None:
+                    await self._off_loop(self._revoke, [call.task_id], True)
                     return hung
                 await self._off_loop(self._still_owned, call)
         finally:
@@ -319,13 +321,13 @@ class CeleryDispatcher:
         return self._hung(call)
 
     def _hung(self, call: PreparedCall) -> ToolResult | None:
-        """An error result when a started call outlived its idle timeout (it is revoked)."""
+        """An error result when a started call outlived its idle timeout (the caller
+        revokes it)."""
         idle = call.idle_timeout
         last = self.listener.last_activity(call.task_id) if idle is not None else None
         if idle is None or last is None or time.monotonic() - last < idle:
             return None
         log.warning("call %s to %s silent for %gs: revoking it", call.call_id, call.tool, idle)
-        self._revoke([call.task_id], terminate=True)
         return ToolResult.error("hung", hung_text(call.tool, idle))
 
     def _forget(self, task_id: str) -> None:
@@ -344,12 +346,17 @@ class CeleryDispatcher:
             self._forget_all(ids)
 
     async def cancel_async(self, calls: Sequence[PreparedCall], terminate: bool = True) -> None:
-        """:meth:`cancel`; the revoke broadcast is sent off the event loop."""
+        """:meth:`cancel`; the revoke broadcast is sent off the event loop.
+
+        The broadcast is handed to this dispatcher's I/O threads before the first await
+        and shielded: a caller cancelled again while it waits (a run torn down, a loop
+        shutting down) does not stop the revocation.
+        """
         ids = [c.task_id for c in calls]
         if ids:
-            # Stop waiting at once, even when the broadcast must wait for the broker.
+            revoking = self._io_pool.submit(self._revoke, ids, terminate)
             self._forget_all(ids)
-            await self._off_loop(self._revoke, ids, terminate)
+            await asyncio.shield(asyncio.wrap_future(revoking))
 
     def _revoke(self, ids: list[str], terminate: bool) -> None:
         try:
