@@ -140,6 +140,14 @@ def serve(
     no_auth: Annotated[
         bool, typer.Option("--no-auth", help="Serve without API tokens (local use only).")
     ] = False,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="A LangGraph project file (langgraph.json): serve its graphs instead of "
+            "the built-in agent.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the agent over HTTP: LangGraph's Agent Protocol (threads, runs, streaming).
 
@@ -152,13 +160,19 @@ def serve(
     except ImportError as exc:
         typer.echo(f"error: {exc}; install the server extra: pip install 'toolfleet[server]'")
         raise typer.Exit(2) from None
+    from orchestrator.server.projects import read_project
     from tool_workers.logs import configure_logging
     from tool_workers.settings import Settings
 
-    settings = Settings()
-    configure_logging(settings)
     try:
-        serve_forever(settings, host=host, port=port, no_auth=no_auth)
+        # The project's env first: it may hold TOOLFLEET_* settings and model API keys.
+        project = read_project(config) if config is not None else None
+        if project is not None:
+            project.apply_env()
+        settings = Settings()
+        configure_logging(settings)
+        graphs = project.load() if project is not None else None
+        serve_forever(settings, host=host, port=port, no_auth=no_auth, graphs=graphs)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -1,18 +1,19 @@
 """The ASGI app: the Agent Protocol routes over one replica's services.
 
 ``create_app(settings)`` builds it; its lifespan opens the checkpointer (SQLite file, or
-Postgres when ``TOOLFLEET_DATABASE_URL`` is set), connects to Redis, builds the agent and
-starts the event relay and the run manager; on shutdown it cancels this replica's runs
-(their tool tasks are revoked) and closes everything.
+Postgres when ``TOOLFLEET_DATABASE_URL`` is set), connects to Redis, builds the agent (or
+takes a project's graphs) and starts the event relay and the run manager; on shutdown it
+cancels this replica's runs (their tool tasks are revoked) and closes everything.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from importlib.metadata import version
 from typing import Any
@@ -28,7 +29,9 @@ from orchestrator.server.auth import TokenAuth
 from orchestrator.server.errors import RequestRefused
 from orchestrator.server.eventlog import EventLog, EventRelay
 from orchestrator.server.graph import AgentProvider, resolve_model
+from orchestrator.server.graphs import Graphs, GraphSource, ProjectSource
 from orchestrator.server.keys import Keys
+from orchestrator.server.projects import ProjectGraph
 from orchestrator.server.routes import assistants, runs, system, threads
 from orchestrator.server.runner import RunManager
 from orchestrator.server.services import Services
@@ -36,24 +39,32 @@ from orchestrator.server.store import Store
 from tool_workers.connections import async_redis_client, mask_secrets
 from tool_workers.errors import ConfigError
 from tool_workers.settings import Settings
+from tool_workers.store import store_for
 
 log = logging.getLogger("toolfleet.server")
 
 
-def create_app(settings: Settings, *, replica_id: str | None = None) -> FastAPI:
+def create_app(
+    settings: Settings,
+    *,
+    replica_id: str | None = None,
+    graphs: Sequence[ProjectGraph] | None = None,
+) -> FastAPI:
     """The service's ASGI app.
 
     Args:
         settings: Where Redis, the fleet and the checkpointer are; the model; the API
             tokens (none: no authentication).
         replica_id: This replica's id (default: host, pid and a random suffix).
+        graphs: A project's graphs to serve (see :mod:`orchestrator.server.projects`);
+            default: the built-in agent, with the model ``settings`` names.
     """
     auth = TokenAuth(settings.api_tokens)
     replica = replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with _services(settings, replica) as svc:
+        async with _services(settings, replica, graphs) as svc:
             app.state.services = svc
             log.info(
                 "toolfleet service up: replica %s, redis %s, checkpointer %s, %s",
@@ -80,16 +91,26 @@ def create_app(settings: Settings, *, replica_id: str | None = None) -> FastAPI:
 
 
 @asynccontextmanager
-async def _services(settings: Settings, replica: str) -> AsyncIterator[Services]:
+async def _services(
+    settings: Settings, replica: str, project: Sequence[ProjectGraph] | None
+) -> AsyncIterator[Services]:
     dispatcher = dispatcher_for(settings=settings)
-    model = resolve_model(settings.model)
     keys = Keys(settings.key_prefix)
     url = settings.broker_url
     strings = async_redis_client(url, settings, decode_responses=True)
     raw = async_redis_client(url, settings)
     relay_client = async_redis_client(url, settings)  # its XREAD blocks: a client of its own
     async with async_checkpointer(settings) as checkpointer:
-        agents = AgentProvider(settings, model, checkpointer, dispatcher)
+        agent: AgentProvider | None = None
+        sources: list[GraphSource]
+        if project is None:
+            agent = AgentProvider(settings, resolve_model(settings.model), checkpointer, dispatcher)
+            sources = [agent]
+        else:
+            # Opening the store connects and creates its tables: blocking, off the loop.
+            graph_store = await asyncio.to_thread(store_for, settings)
+            sources = [ProjectSource(graph, checkpointer, graph_store) for graph in project]
+        graphs = Graphs(sources)
         store = Store(strings, keys, settings.run_ttl)
         relay = EventRelay(relay_client, keys, replica)
         manager = RunManager(
@@ -98,7 +119,7 @@ async def _services(settings: Settings, replica: str) -> AsyncIterator[Services]
             store=store,
             events=EventLog(raw, keys, settings.run_ttl),
             relay=relay,
-            agents=agents,
+            graphs=graphs,
             checkpointer=checkpointer,
             max_runs=settings.max_runs,
             replica_id=replica,
@@ -106,8 +127,9 @@ async def _services(settings: Settings, replica: str) -> AsyncIterator[Services]
         await relay.start()
         await manager.start()
         try:
-            await agents.get()
-            yield Services(settings, strings, store, manager, agents, checkpointer, dispatcher)
+            if agent is not None:
+                await agent.get()
+            yield Services(settings, strings, store, manager, graphs, checkpointer, dispatcher)
         finally:
             await manager.close()
             await relay.close()
@@ -138,8 +160,22 @@ def _field(location: Any) -> str:
     return ".".join(parts)
 
 
-def serve(settings: Settings, *, host: str, port: int, no_auth: bool = False) -> None:
+def serve(
+    settings: Settings,
+    *,
+    host: str,
+    port: int,
+    no_auth: bool = False,
+    graphs: Sequence[ProjectGraph] | None = None,
+) -> None:
     """Serve the app with uvicorn until SIGINT/SIGTERM.
+
+    Args:
+        settings: The service's settings.
+        host: Address to listen on.
+        port: Port to listen on.
+        no_auth: Serve without API tokens.
+        graphs: A project's graphs (default: the built-in agent).
 
     Raises:
         ConfigError: no API tokens are configured and ``no_auth`` is not set.
@@ -154,7 +190,7 @@ def serve(settings: Settings, *, host: str, port: int, no_auth: bool = False) ->
     for name in ("uvicorn.error", "uvicorn.access"):  # startup line and one line a request
         logging.getLogger(name).setLevel(logging.INFO)
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, graphs=graphs),
         host=host,
         port=port,
         log_config=None,  # configure_logging's handler and format

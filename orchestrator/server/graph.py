@@ -9,9 +9,7 @@ built with, and rebuilds it (``create_agent`` is cheap) when they differ.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -21,18 +19,15 @@ from orchestrator.agent import build_agent, chat_model
 from orchestrator.dispatch.celery import CeleryDispatcher
 from orchestrator.scripted import SCRIPTED
 from orchestrator.tools import RemoteTool
+from orchestrator.server.graphs import STARTED, assistant_id_for
 from tool_workers.protocol import ToolSpec
 from tool_workers.settings import Settings
 
 GRAPH_ID = "agent"
-"""Graph id of the one agent this service runs (also accepted as its assistant id)."""
+"""Graph id of the built-in agent, served when no project file is given."""
 
-ASSISTANT_ID = str(uuid.uuid5(uuid.NAMESPACE_URL, f"toolfleet:assistant:{GRAPH_ID}"))
-"""Stable assistant id of that agent: the same on every replica."""
-
-"""Model spec of the deterministic demo model (also used when no model is set)."""
-
-_STARTED = datetime.now(UTC).isoformat()
+ASSISTANT_ID = assistant_id_for(GRAPH_ID)
+"""Stable assistant id of that agent: the same on every replica (and LangGraph's server)."""
 
 
 def resolve_model(spec: str | None) -> BaseChatModel:
@@ -41,27 +36,6 @@ def resolve_model(spec: str | None) -> BaseChatModel:
     See :func:`orchestrator.agent.chat_model` for the forms a spec takes.
     """
     return chat_model(spec)
-
-
-def assistant(settings: Settings) -> dict[str, Any]:
-    """The protocol's ``Assistant`` for the agent."""
-    return {
-        "assistant_id": ASSISTANT_ID,
-        "graph_id": GRAPH_ID,
-        "config": {},
-        "context": {},
-        "metadata": {"created_by": "system", "model": settings.model or SCRIPTED},
-        "name": GRAPH_ID,
-        "description": "create_agent whose tool calls run on the toolfleet workers",
-        "version": 1,
-        "created_at": _STARTED,
-        "updated_at": _STARTED,
-    }
-
-
-def is_assistant(assistant_id: str) -> bool:
-    """Whether ``assistant_id`` names the agent (by id or by graph id)."""
-    return assistant_id in (ASSISTANT_ID, GRAPH_ID)
 
 
 class AgentProvider:
@@ -88,6 +62,31 @@ class AgentProvider:
         self._served: Mapping[str, ToolSpec] | None = None
         self._graph: Any = None
         self._lock = asyncio.Lock()
+
+    graph_id = GRAPH_ID
+
+    def assistant(self) -> dict[str, Any]:
+        """The protocol's ``Assistant`` for the agent."""
+        return {
+            "assistant_id": ASSISTANT_ID,
+            "graph_id": GRAPH_ID,
+            "config": {},
+            "context": {},
+            "metadata": {"created_by": "system", "model": self._settings.model or SCRIPTED},
+            "name": GRAPH_ID,
+            "description": "create_agent whose tool calls run on the toolfleet workers",
+            "version": 1,
+            "created_at": STARTED,
+            "updated_at": STARTED,
+        }
+
+    async def for_run(self, config: dict[str, Any]) -> Any:
+        """The agent bound to the tools served now (the same for every run's config)."""
+        return await self.get()
+
+    async def for_thread(self, thread_id: str) -> Any:
+        """The agent as last built: reading state does not depend on the tools."""
+        return self.current()
 
     async def get(self) -> Any:
         """The agent bound to the tools served now."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from orchestrator.server.graph import ASSISTANT_ID, GRAPH_ID
 from orchestrator.server.schemas import RunConfig, RunCreate
 from orchestrator.server.store import RunRecord
 
@@ -18,14 +17,15 @@ def thread_config(thread_id: str, checkpoint_id: str | None = None) -> dict[str,
     return {"configurable": configurable}
 
 
-def run_config(run: RunRecord, body: RunCreate) -> dict[str, Any]:
-    """The LangGraph config of a run: the client's, plus the thread and run identity."""
+def run_config(run: RunRecord, body: RunCreate, graph_id: str) -> dict[str, Any]:
+    """The LangGraph config of a run of graph ``graph_id``: the client's, plus the thread
+    and run identity."""
     given = body.config or RunConfig()
     identity = {
         "thread_id": run.thread_id,
         "run_id": run.run_id,
-        "assistant_id": ASSISTANT_ID,
-        "graph_id": GRAPH_ID,
+        "assistant_id": run.assistant_id,
+        "graph_id": graph_id,
     }
     configurable: dict[str, Any] = {**given.configurable, **identity}
     if body.checkpoint is not None:

@@ -32,7 +32,7 @@ from orchestrator.server.control import RENEW_INTERVAL, ReplicaControl
 from orchestrator.server.encoding import dumps
 from orchestrator.server.errors import AtCapacity, Conflict, NotFound, Unsupported
 from orchestrator.server.eventlog import END, EventLog, EventRelay
-from orchestrator.server.graph import ASSISTANT_ID, GRAPH_ID, AgentProvider, is_assistant
+from orchestrator.server.graphs import Graphs, GraphSource, assistant_id_for
 from orchestrator.server.keys import Keys
 from orchestrator.server.runconfig import run_config, thread_config
 from orchestrator.server.schemas import RunCreate
@@ -61,7 +61,7 @@ class RunManager:
         store: Thread and run records.
         events: The run event log.
         relay: Reads event logs for followers on this replica.
-        agents: The agent to run.
+        graphs: The graphs runs run (their assistants).
         checkpointer: The LangGraph checkpointer (temporary threads are deleted from it).
         max_runs: Runs this replica executes at once.
         replica_id: This replica's id.
@@ -75,7 +75,7 @@ class RunManager:
         store: Store,
         events: EventLog,
         relay: EventRelay,
-        agents: AgentProvider,
+        graphs: Graphs,
         checkpointer: BaseCheckpointSaver[Any],
         max_runs: int,
         replica_id: str,
@@ -83,7 +83,7 @@ class RunManager:
         self.store = store
         self.events = events
         self.relay = relay
-        self.agents = agents
+        self.graphs = graphs
         self._checkpointer = checkpointer
         self.max_runs = max_runs
         self.replica_id = replica_id
@@ -124,11 +124,7 @@ class RunManager:
             Unsupported: both ``input`` and ``command`` given.
             AtCapacity: this replica already executes its maximum of runs.
         """
-        if not is_assistant(body.assistant_id):
-            raise NotFound(
-                f"assistant {body.assistant_id!r} not found (this server runs "
-                f"{GRAPH_ID!r}, id {ASSISTANT_ID})"
-            )
+        self.graphs.get(body.assistant_id)  # NotFound before anything is recorded
         if body.input is not None and body.command is not None:
             raise Unsupported("give either input or command, not both")
         if self.active >= self.max_runs:
@@ -140,6 +136,8 @@ class RunManager:
             self._reserved -= 1
 
     async def _create(self, thread_id: str | None, body: RunCreate) -> RunRecord:
+        source = self.graphs.get(body.assistant_id)
+        assistant_id = assistant_id_for(source.graph_id)
         temporary = thread_id is None
         thread_id = thread_id or str(uuid.uuid4())
         thread = await self.store.thread(thread_id)
@@ -148,12 +146,14 @@ class RunManager:
                 raise NotFound(f"thread {thread_id} not found")
             thread, _ = await self.store.create_thread(thread_id, {})
         # As LangGraph's server does: chat UIs list an assistant's threads by these.
-        await self.store.tag_thread(thread, {"graph_id": GRAPH_ID, "assistant_id": ASSISTANT_ID})
+        await self.store.tag_thread(
+            thread, {"graph_id": source.graph_id, "assistant_id": assistant_id}
+        )
         stamp = now_iso()
         run = RunRecord(
             run_id=str(uuid.uuid4()),
             thread_id=thread_id,
-            assistant_id=ASSISTANT_ID,
+            assistant_id=assistant_id,
             created_at=stamp,
             updated_at=stamp,
             status="pending",
@@ -185,7 +185,7 @@ class RunManager:
                 if current is not None and not current.done:
                     await self.cancel(current)
         task = asyncio.create_task(
-            self._execute(run, body, admitted=admitted, temporary=temporary),
+            self._execute(run, body, source, admitted=admitted, temporary=temporary),
             name=f"toolfleet-run-{run.run_id}",
         )
         self._tasks[run.run_id] = task
@@ -201,7 +201,13 @@ class RunManager:
     # -- executing runs ------------------------------------------------------------------
 
     async def _execute(
-        self, run: RunRecord, body: RunCreate, *, admitted: bool, temporary: bool
+        self,
+        run: RunRecord,
+        body: RunCreate,
+        source: GraphSource,
+        *,
+        admitted: bool,
+        temporary: bool,
     ) -> None:
         status, error, held = "error", None, admitted
         renewer: asyncio.Task[None] | None = None
@@ -219,8 +225,9 @@ class RunManager:
                 raise asyncio.CancelledError
             await self.store.set_run_status(run.run_id, "running")
             await self.store.set_thread_status(run.thread_id, "busy")
-            graph = await self.agents.get()
-            async for event, chunk in self._stream(graph, run, body):
+            config = run_config(run, body, source.graph_id)
+            graph = await source.for_run(config)
+            async for event, chunk in self._stream(graph, config, body):
                 await self.events.append(run.run_id, event, dumps(chunk))
             status = "success"
         except asyncio.CancelledError:
@@ -273,7 +280,9 @@ class RunManager:
             return "error"
         if status != "success":
             return "idle"
-        snapshot = await self.agents.current().aget_state(thread_config(run.thread_id))
+        source = self.graphs.find(run.assistant_id) or self.graphs.default
+        graph = await source.for_thread(run.thread_id)
+        snapshot = await graph.aget_state(thread_config(run.thread_id))
         return "interrupted" if snapshot.next else "idle"
 
     async def _wait_for_thread(self, run: RunRecord) -> None:
@@ -298,7 +307,7 @@ class RunManager:
                 log.warning("could not renew run %s (%r)", run.run_id, exc)
 
     async def _stream(
-        self, graph: Any, run: RunRecord, body: RunCreate
+        self, graph: Any, config: dict[str, Any], body: RunCreate
     ) -> AsyncIterator[tuple[str, Any]]:
         modes = [
             "messages" if m == "messages-tuple" else m
@@ -311,7 +320,7 @@ class RunManager:
         payload: Any = body.input
         if body.command is not None:
             payload = Command(**body.command.model_dump(exclude_none=True))
-        async for item in graph.astream(payload, run_config(run, body), **options):
+        async for item in graph.astream(payload, config, **options):
             namespace: tuple[str, ...] = ()
             if body.stream_subgraphs:
                 namespace, mode, chunk = item

@@ -11,7 +11,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from orchestrator.dispatch.celery import CeleryDispatcher
 from orchestrator.server.encoding import dumps
-from orchestrator.server.graph import AgentProvider
+from orchestrator.server.graphs import Graphs
 from orchestrator.server.runner import RunManager
 from orchestrator.server.store import Store
 from tool_workers.settings import Settings
@@ -26,7 +26,8 @@ class Services:
     """String-response client of the shared Redis."""
     store: Store
     runs: RunManager
-    agents: AgentProvider
+    graphs: Graphs
+    """The graphs the replica serves, as assistants."""
     checkpointer: BaseCheckpointSaver[Any]
     dispatcher: CeleryDispatcher
 

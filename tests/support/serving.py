@@ -55,6 +55,7 @@ class ServerProcess:
         workdir: Its working directory (the SQLite checkpoints land here).
         log_file: Where its output goes.
         extra_env: More environment variables.
+        args: More arguments of ``toolfleet serve`` (``--config``).
     """
 
     def __init__(
@@ -63,11 +64,13 @@ class ServerProcess:
         workdir: Path,
         log_file: Path,
         extra_env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
     ) -> None:
         self.settings = settings
         self.workdir = workdir
         self.log_file = log_file
         self.extra_env = extra_env or {}
+        self.args = args
         self.port = 0
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -93,7 +96,10 @@ class ServerProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as log:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "orchestrator.cli", "serve", "--port", str(self.port)],
+                [
+                    *(sys.executable, "-m", "orchestrator.cli", "serve"),
+                    *("--port", str(self.port), *self.args),
+                ],
                 cwd=self.workdir,
                 env=env,
                 stdout=log,
@@ -128,15 +134,24 @@ class ServerProcess:
             proc.wait(5)
 
 
-def start_server(settings: Settings, workdir: Path, name: str, **overrides: Any) -> ServerProcess:
-    """A started server for ``settings`` with the test model and a fresh token."""
+def start_server(
+    settings: Settings,
+    workdir: Path,
+    name: str,
+    args: tuple[str, ...] = (),
+    **overrides: Any,
+) -> ServerProcess:
+    """A started server for ``settings`` with the test model and a fresh token
+    (``args``: more arguments of ``toolfleet serve``)."""
     values: dict[str, Any] = {
         "api_tokens": (f"tft-token-{uuid.uuid4().hex}",),
         "model": TEST_MODEL,
         "checkpoint_path": workdir / f"{name}.sqlite",
         **overrides,
     }
-    server = ServerProcess(settings.model_copy(update=values), workdir, workdir / f"{name}.log")
+    server = ServerProcess(
+        settings.model_copy(update=values), workdir, workdir / f"{name}.log", args=args
+    )
     return server.start()
 
 

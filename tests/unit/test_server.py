@@ -20,7 +20,7 @@ from orchestrator.server import create_app
 from orchestrator.server.auth import TokenAuth
 from orchestrator.server.encoding import dumps, loads, sse_frame, thread_state
 from orchestrator.server.eventlog import parse_id
-from orchestrator.server.graph import ASSISTANT_ID, SCRIPTED, is_assistant, resolve_model
+from orchestrator.server.graph import ASSISTANT_ID, SCRIPTED, resolve_model
 from orchestrator.server.keys import Keys
 from orchestrator.server.runconfig import run_config
 from orchestrator.server.runner import recorded_modes
@@ -158,12 +158,14 @@ def test_given_a_run_then_its_config_carries_thread_and_run_identity() -> None:
         }
     )
 
-    config = run_config(run, body)
+    config = run_config(run, body, "agent")
 
     assert config["configurable"]["thread_id"] == "t1" and config["configurable"]["x"] == 1
     assert config["configurable"]["checkpoint_id"] == "c9"
     assert config["run_id"] == uuid.UUID(run_id) and config["recursion_limit"] == 7
     assert config["metadata"]["who"] == "me" and config["metadata"]["run_id"] == run_id
+    assert config["configurable"]["graph_id"] == "agent"
+    assert config["configurable"]["assistant_id"] == ASSISTANT_ID
 
 
 def test_given_model_specs_then_the_right_model_is_built() -> None:
@@ -174,11 +176,6 @@ def test_given_model_specs_then_the_right_model_is_built() -> None:
         resolve_model("tests.server_models:nothing_here")
     with pytest.raises(ConfigError, match="not a chat model"):
         resolve_model("tests.server_models:json")
-
-
-def test_given_assistant_ids_then_graph_id_and_uuid_both_name_the_agent() -> None:
-    assert is_assistant("agent") and is_assistant(ASSISTANT_ID)
-    assert not is_assistant("other")
 
 
 def test_given_stream_entry_ids_then_they_order_numerically() -> None:

@@ -188,8 +188,9 @@ async def _final_values(svc: Services, run: RunRecord) -> Any:
     """What ``wait`` and ``join`` answer: the thread's values, or the run's error."""
     if run.status == "error":
         return {"__error__": run.error or {"error": "Error", "message": "run failed"}}
-    if await svc.store.thread(run.thread_id) is not None:
-        snapshot = await svc.agents.current().aget_state(thread_config(run.thread_id))
+    if (thread := await svc.store.thread(run.thread_id)) is not None:
+        graph = await svc.graphs.for_thread(run.thread_id, thread.metadata)
+        snapshot = await graph.aget_state(thread_config(run.thread_id))
         return snapshot.values
     # A run without a thread of its own: its thread is gone, its last values are logged.
     last = await svc.runs.events.last_of(run.run_id, "values")

@@ -119,15 +119,16 @@ async def get_history(
 
 
 async def _values(svc: Services, record: ThreadRecord) -> Any:
-    snapshot = await svc.agents.current().aget_state(thread_config(record.thread_id))
+    graph = await svc.graphs.for_thread(record.thread_id, record.metadata)
+    snapshot = await graph.aget_state(thread_config(record.thread_id))
     return snapshot.values
 
 
 async def _state(
     svc: Services, thread_id: str, checkpoint_id: str | None, subgraphs: bool
 ) -> Response:
-    await existing_thread(svc, thread_id)
-    graph = svc.agents.current()
+    record = await existing_thread(svc, thread_id)
+    graph = await svc.graphs.for_thread(thread_id, record.metadata)
     snapshot = await graph.aget_state(thread_config(thread_id, checkpoint_id), subgraphs=subgraphs)
     return json_response(thread_state(snapshot))
 
@@ -140,8 +141,8 @@ async def _history(
     start: str | None,
     metadata: dict[str, Any] | None,
 ) -> Response:
-    await existing_thread(svc, thread_id)
-    graph = svc.agents.current()
+    record = await existing_thread(svc, thread_id)
+    graph = await svc.graphs.for_thread(thread_id, record.metadata)
     states = [
         thread_state(snapshot)
         async for snapshot in graph.aget_state_history(
