@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -27,28 +29,72 @@ def chat_model(spec: str | None) -> BaseChatModel:
     """The chat model a model spec (``TOOLFLEET_MODEL``, ``--model``) names.
 
     * ``None`` or ``toolfleet:scripted``: the deterministic scripted demo model;
-    * ``package.module:attribute`` (a dotted module path): that attribute, a chat model or
-      a function returning one (how tests and custom deployments plug a model in);
+    * ``package.module:attribute``, or ``module:attribute`` of a module on the import path
+      or in the current directory: that attribute, a chat model or a function returning
+      one (how tests and custom deployments plug a model in);
     * anything else, ``provider:name``: ``init_chat_model`` (e.g. ``openai:gpt-4o-mini``).
 
     Raises:
-        ConfigError: the import path does not lead to a chat model.
+        ConfigError: the import path does not lead to a chat model, or the spec names
+            neither an importable attribute nor a model ``init_chat_model`` can build.
     """
     if spec is None or spec == SCRIPTED:
         return scripted_model()
     module_name, sep, attribute = spec.partition(":")
-    if not (sep and "." in module_name):  # provider names never contain a dot
-        from langchain.chat_models import init_chat_model
-
-        return init_chat_model(spec)
-    try:
-        target = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"model {spec!r}: cannot import it ({exc})") from exc
+    if sep and "." in module_name:  # provider names never contain a dot
+        target = _import_attribute(spec, module_name, attribute)
+    else:
+        # "module:attribute" or "provider:name": the same form. A module of that name
+        # with that attribute wins; anything else is for init_chat_model.
+        target = _find_attribute(module_name, attribute) if sep else None
+        if target is None:
+            return _init_chat_model(spec)
     model = target() if callable(target) and not isinstance(target, BaseChatModel) else target
     if not isinstance(model, BaseChatModel):
         raise ConfigError(f"model {spec!r} is not a chat model: {type(model)!r}")
     return model
+
+
+def _import_attribute(spec: str, module_name: str, attribute: str) -> Any:
+    _with_current_directory()
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"model {spec!r}: cannot import it ({exc})") from exc
+
+
+def _find_attribute(module_name: str, attribute: str) -> Any:
+    """The module's attribute; ``None`` when there is no such module or attribute."""
+    if not module_name.isidentifier():
+        return None
+    _with_current_directory()
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:  # the module exists; something it imports does not
+            raise ConfigError(f"model module {module_name!r}: cannot import it ({exc})") from exc
+        return None
+    return getattr(module, attribute, None)
+
+
+def _with_current_directory() -> None:
+    # The console script's import path starts at its own folder, not the working
+    # directory, where a deployment's model module usually is (as with `python -m`).
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
+def _init_chat_model(spec: str) -> BaseChatModel:
+    from langchain.chat_models import init_chat_model
+
+    try:
+        return init_chat_model(spec)
+    except (ValueError, ImportError) as exc:
+        raise ConfigError(
+            f"model {spec!r}: not module:attribute of a module on the import path or in "
+            f"the current directory, and init_chat_model cannot build it ({exc})"
+        ) from exc
 
 
 # What langgraph's Postgres savers expect of their connections.

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -176,6 +177,25 @@ def test_given_model_specs_then_the_right_model_is_built() -> None:
         resolve_model("tests.server_models:nothing_here")
     with pytest.raises(ConfigError, match="not a chat model"):
         resolve_model("tests.server_models:json")
+
+
+def test_given_a_module_without_a_package_then_the_model_is_imported_from_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``module:attribute`` with a plain module of the working directory imports it,
+    whatever the import path started as; a spec that is neither fails clearly."""
+    name = f"models_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(
+        "from tests.server_models import directed\n\nfast = directed\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+
+    assert isinstance(resolve_model(f"{name}:fast"), server_models.DirectedModel)
+    with pytest.raises(ConfigError, match=r"not module:attribute .* init_chat_model"):
+        resolve_model(f"{name}:missing")
+    with pytest.raises(ConfigError, match="current directory"):
+        resolve_model("nosuchmodule_tf:thing")
 
 
 def test_given_stream_entry_ids_then_they_order_numerically() -> None:
