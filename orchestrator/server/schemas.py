@@ -111,8 +111,17 @@ class HistoryRequest(_Body):
 
     limit: int = Field(default=10, ge=1, le=1000)
     before: str | CheckpointRef | None = None
+    """Only checkpoints older than this one: its id, the checkpoint (the Python SDK), or a
+    config whose ``configurable`` is the checkpoint (the JS SDK)."""
     metadata: dict[str, Any] | None = None
     checkpoint: CheckpointRef | None = None
+
+    @field_validator("before", mode="before")
+    @classmethod
+    def _unwrap_config(cls, value: Any) -> Any:
+        if isinstance(value, dict) and isinstance(value.get("configurable"), dict):
+            return value["configurable"]
+        return value
 
 
 class StateAtCheckpoint(_Body):

@@ -25,7 +25,7 @@ from orchestrator.server.graph import ASSISTANT_ID, SCRIPTED, resolve_model
 from orchestrator.server.keys import Keys
 from orchestrator.server.runconfig import run_config
 from orchestrator.server.runner import recorded_modes
-from orchestrator.server.schemas import RunCreate
+from orchestrator.server.schemas import HistoryRequest, RunCreate
 from orchestrator.server.store import RunRecord
 from orchestrator.server.streaming import event_filter
 from tests import server_models
@@ -126,6 +126,17 @@ def test_given_the_app_then_requests_need_a_token_and_bad_bodies_name_the_field(
         assert "assistant_id: Field required" in invalid.json()["detail"]
         assert "stream_mode" in invalid.json()["detail"]
     assert "/threads/{thread_id}/runs/{run_id}/join" in http.get("/openapi.json").json()["paths"]
+
+
+def test_given_history_before_in_each_clients_form_then_it_names_the_checkpoint() -> None:
+    forms = [
+        "c7",  # the query-string form
+        {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "c7"},  # Python SDK
+        {"configurable": {"thread_id": "t", "checkpoint_id": "c7"}},  # JS SDK
+    ]
+    for before in forms:
+        parsed = HistoryRequest.model_validate({"limit": 3, "before": before}).before
+        assert (parsed if isinstance(parsed, str) else parsed.checkpoint_id) == "c7"
 
 
 def test_given_run_bodies_then_defaults_and_refusals_follow_the_protocol() -> None:

@@ -1,0 +1,95 @@
+"""``toolfleet serve`` driven by the JavaScript client, ``@langchain/langgraph-sdk``.
+
+tests/js/scenario.mjs runs a chat UI's session under Node (installed from tests/js's
+package-lock.json by ``npm ci``) against a real server and prefork fleet; this test checks
+what the client saw. It fails without Node or without the installed client.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+from tests.serving import ServerProcess, prefork_fleet, start_server
+from tool_workers.settings import Settings
+
+__all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
+
+pytestmark = pytest.mark.timeout(180)
+
+JS = REPO / "tests" / "js"
+
+
+@pytest.fixture(scope="module")
+def server(
+    prefork_fleet: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    process = start_server(prefork_fleet, tmp_path_factory.mktemp("js-server"), "js")
+    yield process
+    process.stop()
+
+
+def run_scenario(server: ServerProcess) -> dict[str, Any]:
+    node = shutil.which("node")
+    assert node, "Node.js (20 or later) is needed to run the JavaScript client"
+    assert (JS / "node_modules" / "@langchain" / "langgraph-sdk").is_dir(), (
+        "the JavaScript client is not installed: run `npm ci` in tests/js"
+    )
+    done = subprocess.run(
+        [node, "scenario.mjs"],
+        cwd=JS,
+        env={
+            **os.environ,
+            "TOOLFLEET_URL": server.url,
+            "TOOLFLEET_API_KEY": server.settings.api_tokens[0],
+        },
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert done.returncode == 0, f"{done.stderr[-4000:]}\n--- server:\n{server.log()[-4000:]}"
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def test_a_js_chat_session_streams_waits_reads_history_and_joins(server: ServerProcess) -> None:
+    """Given the server, when the JS client streams a run fanning out two tool calls,
+    waits for another, reads state and history page by page (``before`` as a config, the
+    form the JS client sends) and joins background runs, then every answer is what a
+    chat UI expects."""
+    out = run_scenario(server)
+    thread_id = out["thread"]["thread_id"]
+
+    stream = out["stream"]
+    assert stream["created"]["thread_id"] == thread_id and stream["created"]["run_id"]
+    assert stream["events"][0] == "metadata"
+    assert {"values", "updates", "messages", "custom"} <= set(stream["events"])
+    started = [e["toolfleet"] for e in stream["custom"] if e["toolfleet"]["event"] == "started"]
+    assert sorted(e["tool"] for e in started) == ["add", "sleep_for"]
+    assert all(e["worker"].startswith("tf-server-") for e in started)
+    assert ["model"] in stream["updates"] and ["tools"] in stream["updates"]
+    message, metadata = stream["messages"][-1]  # messages-tuple: [message chunk, metadata]
+    assert message["type"].startswith("ai") and metadata["langgraph_node"] == "model"
+    assert stream["last"]["messages"][-1]["content"] == "done: 2 results: 5, s 0.2"
+
+    assert out["wait"]["messages"][-1]["content"] == "done: 1 results: 2"
+    state = out["state"]
+    assert state["values"] == out["wait"] and state["next"] == []
+    assert state["checkpoint"]["thread_id"] == thread_id and state["checkpoint"]["checkpoint_id"]
+
+    history = out["history"]
+    assert history["first"] == history["all"][:3]
+    assert history["next"] == history["all"][3:6]  # the page before, not the newest again
+
+    assert out["join"]["messages"][-1]["content"] == "done: 1 results: 8"
+    joined = out["joinStream"]
+    assert "values" in joined["events"]
+    assert joined["last"]["messages"][-1]["content"] == "done: 1 results: j 0.3"
+    assert out["runs"] == ["success"] * 4
