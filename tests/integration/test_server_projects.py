@@ -79,7 +79,7 @@ def test_each_graph_is_an_assistant_with_langgraphs_stable_id(server: ServerProc
 def test_a_create_agent_graph_runs_its_tool_calls_on_the_fleet(server: ServerProcess) -> None:
     """Given the project's create_agent graph with CeleryToolMiddleware, when a run makes
     two tool calls, then both run on the fleet's worker, and the thread's checkpoints are
-    in the server's checkpointer (not the graph's own in-memory one)."""
+    in the server's checkpointer (the graph was compiled without one)."""
     calls = [["add", {"a": 2, "b": 3}], ["sleep_for", {"seconds": 0.2, "label": "s"}]]
     text = '{"calls": ' + str(calls).replace("'", '"') + "}"
 

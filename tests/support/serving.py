@@ -83,6 +83,13 @@ class ServerProcess:
         """Everything the server wrote so far."""
         return self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
 
+    def command(self) -> list[str]:
+        """The server's command line (``self.port`` is chosen by then)."""
+        return [
+            *(sys.executable, "-m", "orchestrator.cli", "serve"),
+            *("--port", str(self.port), *self.args),
+        ]
+
     def start(self, timeout: float = 60.0) -> ServerProcess:
         """Start the server and wait until it answers ``/ok``."""
         self.port = free_port()
@@ -96,10 +103,7 @@ class ServerProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as log:
             self._proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "orchestrator.cli", "serve"),
-                    *("--port", str(self.port), *self.args),
-                ],
+                self.command(),
                 cwd=self.workdir,
                 env=env,
                 stdout=log,
