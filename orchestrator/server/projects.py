@@ -24,6 +24,7 @@ import importlib.util
 import inspect
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -190,7 +191,7 @@ def _module_from_file(graph_id: str, file: Path) -> Any:
         raise ImportError(f"no file {file}")
     # A name of its own, registered in sys.modules: pickling, dataclasses and typing
     # resolve the module's classes through it.
-    name = f"toolfleet_project_{graph_id.replace('-', '_')}_{file.stem}"
+    name = re.sub(r"\W", "_", f"toolfleet_project_{graph_id}_{file.stem}")
     module_spec = importlib.util.spec_from_file_location(name, file)
     if module_spec is None or module_spec.loader is None:
         raise ImportError(f"cannot load {file} as a module")

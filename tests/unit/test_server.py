@@ -254,3 +254,16 @@ def test_given_no_tokens_when_serve_starts_then_it_refuses_unless_told_no_auth()
     )
     assert done.returncode == 2
     assert "no API tokens" in done.stderr and "--no-auth" in done.stderr
+
+
+def test_given_a_bad_project_file_when_serve_starts_then_it_says_so_and_exits() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLFLEET_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "serve", "--config", "no-such/langgraph.json"],
+        env={**env, "PYTHONPATH": str(REPO), "TOOLFLEET_API_TOKENS": "t"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "langgraph.json: cannot read it" in done.stderr
