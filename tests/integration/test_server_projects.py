@@ -20,7 +20,7 @@ from langgraph_sdk import get_client
 from langgraph_sdk.errors import NotFoundError
 
 from tests.conftest import REPO
-from tests.serving import ServerProcess, prefork_fleet, run, start_server
+from tests.serving import ServerProcess, prefork_fleet, run, start_server, wait_for_states
 from tool_workers.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
@@ -131,3 +131,33 @@ def test_a_graph_factory_is_made_per_run_with_the_runs_config(server: ServerProc
     assert second["runs"] == 2 and state["values"] == second
     assert state["metadata"]["graph_id"] == "made"
     assert len(history) >= 4  # input and one step, per run
+
+
+def test_cancelling_a_project_graphs_run_revokes_its_tool_tasks(
+    server: ServerProcess, prefork_fleet: Settings
+) -> None:
+    """Given a run of the project's agent whose tool call takes 30 s, when it is cancelled
+    once the call started, then the run is interrupted and the Celery task REVOKED: the
+    middleware in the user's graph gets the cancellation as in the built-in agent."""
+    text = '{"calls": [["sleep_for", {"seconds": 30}]]}'
+
+    async def scenario() -> tuple[str, Any]:
+        async with client(server) as c:
+            thread = await c.threads.create()
+            created = await c.runs.create(
+                thread["thread_id"],
+                "fleet",
+                input={"messages": [{"role": "user", "content": text}]},
+                stream_mode="custom",
+            )
+            async for part in c.runs.join_stream(thread["thread_id"], created["run_id"]):
+                if part.event == "custom" and part.data["toolfleet"]["event"] == "started":
+                    task_id: str = part.data["toolfleet"]["task_id"]
+                    break
+            cancelled = await c.runs.cancel(thread["thread_id"], created["run_id"], wait=True)
+            return task_id, cancelled
+
+    task_id, cancelled = run(scenario())
+
+    assert cancelled["status"] == "interrupted"
+    assert wait_for_states(prefork_fleet, [task_id], "REVOKED") == {task_id: "REVOKED"}
