@@ -18,8 +18,8 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from orchestrator.agent import build_agent, chat_model
 from orchestrator.dispatch.celery import CeleryDispatcher
 from orchestrator.scripted import SCRIPTED
-from orchestrator.tools import RemoteTool
 from orchestrator.server.graphs import STARTED, assistant_id_for
+from orchestrator.tools import RemoteTool
 from tool_workers.protocol import ToolSpec
 from tool_workers.settings import Settings
 

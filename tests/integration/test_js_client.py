@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
-from tests.serving import ServerProcess, prefork_fleet, start_server
+from tests.support.fleet import REPO
+from tests.support.serving import ServerProcess, prefork_fleet, start_server
 from tool_workers.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here

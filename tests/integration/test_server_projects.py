@@ -19,8 +19,8 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph_sdk import get_client
 from langgraph_sdk.errors import NotFoundError
 
-from tests.conftest import REPO
-from tests.serving import ServerProcess, prefork_fleet, run, start_server, wait_for_states
+from tests.support.fleet import REPO
+from tests.support.serving import ServerProcess, prefork_fleet, run, start_server, wait_for_states
 from tool_workers.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here

@@ -13,7 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from tests.serving import ServerProcess
+from tests.support.serving import ServerProcess
 from tool_workers.settings import Settings
 
 QUIET = {
