@@ -17,11 +17,15 @@ from typing import Any
 
 import pytest
 import redis
+from blockbuster import blockbuster_ctx
 
 from orchestrator.dispatch.fleet import close_all
 from orchestrator.local import EmbeddedRedis, WorkerProcess, delete_keys
 from tests.support.fleet import RUN_ID, fleet_settings, worker_env
 from tool_workers.settings import Settings
+
+SCANNED_MODULES = ["orchestrator", "tool_workers"]
+"""Where the blocking-call detector looks: blocking calls made by toolfleet's own code."""
 
 
 @pytest.fixture(scope="session")
@@ -125,6 +129,15 @@ def counter(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
     yield client
     client.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_blocking_calls() -> Iterator[None]:
+    """Every test runs with LangGraph's server's blocking-call detector on: toolfleet code
+    that blocks a running event loop (a socket, a sleep, a file read) raises BlockingError
+    there, as it would under ``langgraph dev``."""
+    with blockbuster_ctx(SCANNED_MODULES):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -152,6 +152,8 @@ class CeleryDispatcher:
         Raises:
             DispatchError: the broker refused the messages.
         """
+        if not self.listener.started:
+            await self._off_loop(self.listener.start)  # waits for the thread: not here
         if not self._watch([call], on_state):
             return
         loop = asyncio.get_running_loop()
@@ -279,6 +281,10 @@ class CeleryDispatcher:
         Raises:
             ResultTimeout: no result within ``timeout`` seconds.
         """
+        with self._lock:
+            watched = call.task_id in self._futures
+        if not watched:  # never submitted (a RemoteTool invoked directly): publish it now
+            await self.submit_async(call)
         future = asyncio.wrap_future(self._future(call))
         deadline = _deadline(timeout)
         try:

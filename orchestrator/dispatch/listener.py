@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.driver_info import DriverInfo
 from redis.exceptions import RedisError
 
 from orchestrator.dispatch.watch import StateCallback, Watch, WatchTable
@@ -82,6 +83,7 @@ class ResultListener:
         self._main_task: asyncio.Task[None] | None = None
         self._catchup: list[bytes] = []
         self._catchup_task: asyncio.Task[None] | None = None
+        self._driver_info: DriverInfo | None = None
         self.subscribed: set[bytes] = set()
         """Channels the pub/sub connection is subscribed to now (for leak checks)."""
 
@@ -192,6 +194,16 @@ class ResultListener:
 
     # -- the listener thread ------------------------------------------------------------
 
+    @property
+    def started(self) -> bool:
+        """Whether the listener thread runs (its first watch starts it)."""
+        return self._started.is_set()
+
+    def start(self) -> None:
+        """Start the listener thread now and wait for it (an async caller does this off
+        its event loop, before its first watch)."""
+        self._ensure_started()
+
     def _ensure_started(self) -> None:
         if self._closed:
             raise RuntimeError("result listener is closed")
@@ -215,6 +227,9 @@ class ResultListener:
             loop.call_soon_threadsafe(queue.put_nowait, (command, channels))
 
     def _run(self) -> None:
+        # redis-py reads its own version from the package metadata (a file stat) for each
+        # new connection: read once here, off the loop.
+        self._driver_info = DriverInfo()
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._commands = asyncio.Queue()
@@ -227,7 +242,11 @@ class ResultListener:
 
     async def _main(self) -> None:
         client = aioredis.from_url(
-            self._url, health_check_interval=5, socket_keepalive=True, **self._connection_kwargs
+            self._url,
+            health_check_interval=5,
+            socket_keepalive=True,
+            driver_info=self._driver_info,
+            **self._connection_kwargs,
         )
         sweeper = asyncio.create_task(self._sweep_forever(client))
         backoff = 0.1
