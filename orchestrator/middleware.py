@@ -34,6 +34,7 @@ from langchain_core.tools import BaseTool
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
+from orchestrator.callbacks import aend_tool_run, astart_tool_run, end_tool_run, start_tool_run
 from orchestrator.calllog import log_finished
 from orchestrator.calls import PreparedCall, message_scope, owning_message, prepare
 from orchestrator.deadline import remaining, run_deadline
@@ -180,8 +181,19 @@ class CeleryToolMiddleware(AgentMiddleware):
             return handler(request)
         if isinstance(route, ToolMessage):
             return route
+        run = start_tool_run(request, route)
+        try:
+            output = self._run_remote(request, route)
+        except BaseException as exc:
+            run.on_tool_error(exc, tool_call_id=route.call_id)
+            raise
+        end_tool_run(run, route, output)
+        return output
+
+    def _run_remote(
+        self, request: ToolCallRequest, call: PreparedCall
+    ) -> ToolMessage | Command[Any]:
         events = ToolCallEvents(request)
-        call = route
         if self.eager_dispatch and call.attempt == 0:
             self._publish_siblings(request, call, events)
             call = self._reconcile(call)
@@ -218,8 +230,19 @@ class CeleryToolMiddleware(AgentMiddleware):
             return await handler(request)
         if isinstance(route, ToolMessage):
             return route
+        run = await astart_tool_run(request, route)
+        try:
+            output = await self._arun_remote(request, route)
+        except BaseException as exc:
+            await run.on_tool_error(exc, tool_call_id=route.call_id)
+            raise
+        await aend_tool_run(run, route, output)
+        return output
+
+    async def _arun_remote(
+        self, request: ToolCallRequest, call: PreparedCall
+    ) -> ToolMessage | Command[Any]:
         events = ToolCallEvents(request)
-        call = route
         events.track([call])
         deadline = run_deadline(request)
         if _passed(deadline):
