@@ -15,6 +15,7 @@ from types import MappingProxyType
 
 import redis
 
+from tool_workers.errors import DispatchError
 from tool_workers.protocol import ToolSpec, WorkerEntry, worker_registry_pattern
 from tool_workers.settings import Settings
 
@@ -22,6 +23,9 @@ log = logging.getLogger("toolfleet.registry")
 
 CACHE_SECONDS = 1.0
 """How long a read of the registry is reused (one SCAN per second at most)."""
+
+FIRST_READ_SECONDS = 10.0
+"""How long the first read of the registry retries while Redis is unreachable."""
 
 
 def read_entries(client: redis.Redis, key_prefix: str) -> list[WorkerEntry]:
@@ -50,7 +54,13 @@ def served_tools(entries: Iterable[WorkerEntry]) -> dict[str, ToolSpec]:
 
 
 class RegistryView:
-    """Cached, thread-safe reads of which workers are live and which tools they serve."""
+    """Cached, thread-safe reads of which workers are live and which tools they serve.
+
+    A read that fails (Redis restarting, a network blip) does not fail the run that
+    routes with it: the last map read is served until a read succeeds again (tried once
+    a second), so calls already published are still collected. Only a view that never
+    read the registry retries, for :data:`FIRST_READ_SECONDS`, then raises.
+    """
 
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
         self._client = client
@@ -61,13 +71,44 @@ class RegistryView:
         self._read_at = float("-inf")
 
     def refresh(self) -> None:
-        """Read the registry now."""
-        entries = read_entries(self._client, self._prefix)
+        """Read the registry now.
+
+        Raises:
+            DispatchError: it was never read and Redis stayed unreachable.
+        """
+        try:
+            entries = read_entries(self._client, self._prefix)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._read_failed(exc)
+            return
         with self._lock:
             self._entries = entries
             # Replaced whole, never mutated: readers share it without a copy.
             self._tools = MappingProxyType(served_tools(entries))
             self._read_at = time.monotonic()
+
+    def _read_failed(self, exc: Exception) -> None:
+        if self._read_at != float("-inf"):
+            log.warning("registry read failed (%r); routing with the last one read", exc)
+            with self._lock:
+                self._read_at = time.monotonic()  # the next try in a second, not per call
+            return
+        deadline = time.monotonic() + FIRST_READ_SECONDS
+        delay = 0.1
+        while time.monotonic() + delay < deadline:
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+            try:
+                entries = read_entries(self._client, self._prefix)
+            except (redis.ConnectionError, redis.TimeoutError) as again:
+                exc = again
+                continue
+            with self._lock:
+                self._entries = entries
+                self._tools = MappingProxyType(served_tools(entries))
+                self._read_at = time.monotonic()
+            return
+        raise DispatchError(f"cannot read the tool registry: {exc!r}") from exc
 
     @property
     def stale(self) -> bool:
