@@ -51,7 +51,7 @@ from orchestrator.messages import (
     unknown_tool_text,
     unserved_text,
 )
-from orchestrator.placement import Placement, PlacementRules, configured_tools, describe
+from orchestrator.placement import Placement, PlacementRules, describe
 from tool_workers.errors import ResultTimeout, RunDeadlineExceeded
 from tool_workers.protocol import ToolResult, ToolSpec, task_id_for
 from tool_workers.wire_json import NotJSONError
@@ -116,7 +116,7 @@ class CeleryToolMiddleware(AgentMiddleware):
         self.eager_dispatch = eager_dispatch
         settings = self._dispatcher.settings
         self.unserved_wait = settings.unserved_wait if unserved_wait is None else unserved_wait
-        self.rules = PlacementRules(placement, configured=configured_tools(settings))
+        self.rules = PlacementRules(placement, configured=self._dispatcher.policies.tools)
         self._published: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._delivered: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._retry_of: dict[str, str] = {}

@@ -24,7 +24,6 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from orchestrator.tools import RemoteTool
-from tool_workers.errors import ConfigError
 from tool_workers.protocol import ToolSpec
 
 log = logging.getLogger("toolfleet.orchestrator")
@@ -102,14 +101,3 @@ def describe(table: Mapping[str, Mapping[str, str]]) -> str:
     remote = sorted(name for name, row in table.items() if row["placement"] == "remote")
     local = sorted(name for name, row in table.items() if row["placement"] == "local")
     return f"tool placement: remote={remote} local={local}"
-
-
-def configured_tools(settings: Any) -> set[str]:
-    """Tools the policy file configures for the workers (empty if it cannot be read)."""
-    if settings is None:
-        return set()
-    try:
-        return set(settings.policies().tools)
-    except ConfigError as exc:
-        log.warning("tool policy not readable (%s); no tool is placed by it", exc)
-        return set()

@@ -16,7 +16,7 @@ from typing import Protocol
 from orchestrator.calls import PreparedCall
 from orchestrator.dispatch.watch import StateCallback
 from tool_workers.protocol import ToolResult, ToolSpec
-from tool_workers.settings import Settings
+from tool_workers.settings import Settings, ToolPolicies
 
 PlacementTable = Mapping[str, Mapping[str, str]]
 """``{tool: {"placement": "local" | "remote", "reason": ...}}`` of one agent's tools."""
@@ -28,6 +28,11 @@ class Dispatcher(Protocol):
     @property
     def settings(self) -> Settings:
         """The settings of the fleet this dispatcher talks to."""
+        ...
+
+    @property
+    def policies(self) -> ToolPolicies:
+        """The tool policy, read once when the dispatcher was made (never on a loop)."""
         ...
 
     # -- the registry ----------------------------------------------------------------------

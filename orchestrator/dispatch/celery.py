@@ -39,9 +39,9 @@ from orchestrator.dispatch.registry import RegistryView
 from orchestrator.dispatch.watch import StateCallback
 from orchestrator.messages import hung_text
 from tool_workers.connections import redis_client, redis_connection_kwargs
-from tool_workers.errors import DispatchError, ResultTimeout
+from tool_workers.errors import ConfigError, DispatchError, ResultTimeout
 from tool_workers.protocol import ToolResult, ToolSpec, placement_key, reply_channel
-from tool_workers.settings import Settings
+from tool_workers.settings import Settings, ToolPolicies
 
 log = logging.getLogger("toolfleet.dispatch")
 
@@ -69,6 +69,7 @@ class CeleryDispatcher:
     def __init__(self, app: Celery, settings: Settings) -> None:
         self.app = app
         self.settings = settings
+        self.policies = _read_policies(settings)
         self._redis = redis_client(settings.backend_url, settings)
         self._registry = RegistryView(redis_client(settings.broker_url, settings), settings)
         channel = reply_channel(settings.key_prefix, uuid.uuid4().hex)
@@ -396,3 +397,11 @@ def _placement_record(table: PlacementTable) -> str:
     return json.dumps(
         {"host": socket.gethostname(), "pid": os.getpid(), "at": time.time(), "tools": table}
     )
+
+
+def _read_policies(settings: Settings) -> ToolPolicies:
+    try:
+        return settings.policies()
+    except ConfigError as exc:
+        log.warning("tool policy not readable (%s); no tool is placed by it", exc)
+        return ToolPolicies()

@@ -45,10 +45,12 @@ class InProcessDispatcher:
         max_workers: int = 64,
         settings: Settings | None = None,
     ) -> None:
-        policies = policies or ToolPolicies()
         self.settings = settings or Settings()
+        self.policies = policies if policies is not None else self.settings.policies()
         self._tools = {tool.name: tool for tool in tools}
-        self._specs = {tool.name: tool_spec(tool, policies.for_tool(tool.name)) for tool in tools}
+        self._specs = {
+            tool.name: tool_spec(tool, self.policies.for_tool(tool.name)) for tool in tools
+        }
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="toolfleet-inprocess"
         )

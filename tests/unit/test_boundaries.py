@@ -158,7 +158,9 @@ def protocol_members() -> list[str]:
     return [
         name
         for name in dir(Dispatcher)
-        if not name.startswith("_") and name not in dir(object) and name != "settings"
+        if not name.startswith("_")
+        and name not in dir(object)
+        and name not in ("settings", "policies")
     ]
 
 
