@@ -3,7 +3,9 @@
 Settings are read once, here, where the worker process starts. The tool modules named
 by ``TOOLFLEET_TOOL_MODULES`` (the built-in toolset when unset) are imported and each
 tool becomes a task ``tools.<name>``. When the worker is ready it publishes the tools it
-serves to the registry and keeps that entry fresh until it shuts down.
+serves to the registry and keeps that entry fresh until it shuts down. With
+``TOOLFLEET_METRICS_PORT`` set, its main process serves Prometheus metrics
+(:mod:`tool_workers.metrics`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from celery import signals
 
+from tool_workers import metrics
 from tool_workers.app import create_app
 from tool_workers.connections import redis_client
 from tool_workers.loader import load_tools
@@ -31,6 +34,12 @@ tools = load_tools(settings)
 specs = register_tools(app, tools, settings, policies)
 
 _publisher: RegistryPublisher | None = None
+
+
+@signals.worker_init.connect  # type: ignore[untyped-decorator]  # celery is unannotated
+def _start_metrics(**_: Any) -> None:
+    # The main process, before the pool starts: the pool processes inherit the metrics.
+    metrics.start(settings)
 
 
 @signals.worker_ready.connect  # type: ignore[untyped-decorator]  # celery is unannotated

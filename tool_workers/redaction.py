@@ -27,6 +27,7 @@ from typing import Any
 from celery.app import trace
 from celery.worker.request import Request
 
+from tool_workers import metrics
 from tool_workers.protocol import TASK_PREFIX
 
 _STATUS = re.compile(r"'status': '(\w+)'")
@@ -44,11 +45,30 @@ def result_summary(result_repr: Any) -> str:
 
 
 class ToolCallRequest(Request):  # type: ignore[misc]
-    """Celery's task request, showing argsrepr and a result summary, never the payload."""
+    """Celery's task request, showing argsrepr and a result summary, never the payload.
+
+    It also counts, for the worker's metrics, the calls whose pool process could not
+    report how they ended (hard time limit, process lost).
+    """
 
     def info(self, safe: bool = False) -> dict[str, Any]:
         # What inspect replies carry: the argsrepr whoever asks.
         return dict(super().info(safe=True))
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> None:
+        # Checked before Celery's handling, which marks the call cancelled or revoked.
+        outcome = None
+        if metrics.active() is not None:
+            outcome = metrics.failure_outcome(
+                exc_info.exception, self._already_cancelled or self._already_revoked
+            )
+        super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+        active = metrics.active()
+        if outcome is not None and active is not None:
+            # Pool process gone: only the main process can count this call.
+            active.unreported(self.name, self.hostname or "", outcome, self.time_start)
 
     def send_event(self, type: str, **fields: Any) -> None:
         if type == "task-succeeded" and "result" in fields:

@@ -174,6 +174,13 @@ class Settings(BaseSettings):
     """For ``rediss://`` URLs: client certificate, when the server asks for one (mTLS)."""
     redis_ssl_keyfile: Path | None = None
     """For ``rediss://`` URLs: the client certificate's private key."""
+    metrics_port: int | None = Field(default=None, gt=0, lt=65536)
+    """Port a worker serves its Prometheus metrics on (``/metrics``); unset: no metrics."""
+    metrics_host: str = "0.0.0.0"
+    """Interface a worker's metrics port listens on."""
+    metrics_dir: Path | None = None
+    """Where a worker keeps its pool processes' metric files (a fresh directory per worker
+    inside it; default: the system's temporary directory)."""
     log_json: bool = False
     """Log one JSON object per line."""
     log_level: str = "INFO"
