@@ -36,6 +36,7 @@ from orchestrator.dispatch.listener import ResultListener
 from orchestrator.dispatch.outcome import result_from_meta
 from orchestrator.dispatch.publish import Publisher
 from orchestrator.dispatch.registry import RegistryView
+from orchestrator.dispatch.timings import CallTimings
 from orchestrator.dispatch.watch import StateCallback
 from orchestrator.messages import hung_text
 from tool_workers.connections import redis_client, redis_connection_kwargs
@@ -95,6 +96,8 @@ class CeleryDispatcher:
             max_workers=2, thread_name_prefix="toolfleet-io"
         )
         self._batches: dict[asyncio.AbstractEventLoop, _Batch] = {}
+        self.timings: CallTimings | None = None
+        """Set to time this process's calls (``toolfleet serve``'s ``/metrics``)."""
 
     async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._io_pool, fn, *args)
@@ -194,6 +197,8 @@ class CeleryDispatcher:
             fresh = [c for c in calls if c.task_id not in self._futures]
             if not fresh:
                 return []
+            if self.timings is not None:
+                on_state = self.timings.observing(on_state)
             # Published with this process's reply channel: no channel per call.
             futures = self.listener.watch([c.task_id for c in fresh], on_state, subscribe=False)
             self._futures.update(futures)
@@ -220,6 +225,8 @@ class CeleryDispatcher:
         try:
             if not self.listener.wait_ready():
                 raise DispatchError("the result listener could not subscribe its reply channel")
+            if self.timings is not None:
+                self.timings.publishing(calls)
             attached = self._publisher.publish(calls)
             if attached:
                 # Published by someone else, with their reply channel: watch these on the
@@ -338,6 +345,8 @@ class CeleryDispatcher:
         return ToolResult.error("hung", hung_text(call.tool, idle))
 
     def _forget(self, task_id: str) -> None:
+        if self.timings is not None:
+            self.timings.forget(task_id)
         with self._lock:
             self._calls.pop(task_id, None)
             self._finished_at.pop(task_id, None)

@@ -32,7 +32,7 @@ from orchestrator.server.graph import AgentProvider, resolve_model
 from orchestrator.server.graphs import Graphs, GraphSource, ProjectSource
 from orchestrator.server.keys import Keys
 from orchestrator.server.projects import ProjectGraph
-from orchestrator.server.routes import assistants, runs, system, threads
+from orchestrator.server.routes import assistants, metrics, runs, system, threads
 from orchestrator.server.runner import RunManager
 from orchestrator.server.services import Services
 from orchestrator.server.store import Store
@@ -66,6 +66,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with _services(settings, replica, graphs) as svc:
             app.state.services = svc
+            metrics.attach(app, svc)
             log.info(
                 "toolfleet service up: replica %s, redis %s, checkpointer %s, %s",
                 replica,
@@ -82,6 +83,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.include_router(system.router)
+    app.include_router(metrics.router)  # unauthenticated, like /ok and Flower's /metrics
     protected = [Depends(auth)]
     for router in (assistants.router, threads.router, runs.router):
         app.include_router(router, dependencies=protected)

@@ -91,6 +91,7 @@ class RunManager:
         self._reserved = 0
         self.control = ReplicaControl(client, keys, replica_id, self._cancel_local)
         self._started: set[str] = set()
+        self._running: set[str] = set()
         self._background: set[asyncio.Task[None]] = set()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -112,6 +113,11 @@ class RunManager:
     def active(self) -> int:
         """Runs this replica is executing or about to."""
         return len(self._tasks) + self._reserved
+
+    @property
+    def running(self) -> int:
+        """Runs whose graph is executing (the others of :attr:`active` wait to start)."""
+        return len(self._running)
 
     # -- starting runs -------------------------------------------------------------------
 
@@ -225,6 +231,7 @@ class RunManager:
                 raise asyncio.CancelledError
             await self.store.set_run_status(run.run_id, "running")
             await self.store.set_thread_status(run.thread_id, "busy")
+            self._running.add(run.run_id)
             config = run_config(run, body, source.graph_id)
             graph = await source.for_run(config)
             async for event, chunk in self._stream(graph, config, body):
@@ -273,6 +280,7 @@ class RunManager:
         finally:
             self._tasks.pop(run.run_id, None)
             self._started.discard(run.run_id)
+            self._running.discard(run.run_id)
         log.info("run %s on thread %s ended: %s", run.run_id, run.thread_id, status)
 
     async def _thread_status(self, run: RunRecord, status: str) -> str:
