@@ -31,6 +31,7 @@ import redis
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langgraph_sdk import get_sync_client
+from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import CeleryToolMiddleware, ScriptedChatModel, dispatcher_for
 from orchestrator.calls import PreparedCall
@@ -220,10 +221,21 @@ def deployment(tmp_path: Path) -> Iterator[dict[str, Any]]:
             running.append(service.start(tmp_path))
             return service
 
+        # Each container has its own metrics port 9808; here each worker gets a free one.
+        metrics_ports = {
+            name: free_port() for name in ("tool-worker-1", "tool-worker-2", "sandbox-worker-1")
+        }
+
+        def start_worker(name: str, replica: str) -> Service:
+            port = str(metrics_ports[replica])
+            return start(
+                name, replica, TOOLFLEET_METRICS_PORT=port, TOOLFLEET_METRICS_HOST="127.0.0.1"
+            )
+
         try:
-            start("tool-worker", "tool-worker-1")
-            start("tool-worker", "tool-worker-2")
-            start("sandbox-worker", "sandbox-worker-1")
+            start_worker("tool-worker", "tool-worker-1")
+            start_worker("tool-worker", "tool-worker-2")
+            start_worker("sandbox-worker", "sandbox-worker-1")
             start(
                 "flower",
                 FLOWER_PORT=str(flower_port),
@@ -250,6 +262,7 @@ def deployment(tmp_path: Path) -> Iterator[dict[str, Any]]:
                 "specs": specs,
                 "broker_url": server.url,
                 "flower": f"http://127.0.0.1:{flower_port}",
+                "worker_metrics": [f"http://127.0.0.1:{p}/metrics" for p in metrics_ports.values()],
                 "tmp": tmp_path,
             }
         finally:
@@ -355,6 +368,31 @@ def test_compose_deployment_runs_an_agent_and_is_observable(deployment: dict[str
         assert task["kwargs"] == "{}"
         assert task["result"] == "<success>", task["result"]
         assert task["worker"] in nodes
+    # The Tasks page shows those two columns (compose's FLOWER_TASKS_COLUMNS).
+    page = httpx.get(f"{flower}/tasks", auth=auth, timeout=5).text
+    assert '<th data-column="args">' in page and '<th data-column="result">' in page
+
+    # The workers' own metrics count the six calls as successes, across the pools; the
+    # orchestrator's /metrics (no token) timed each one.
+    successes = 0.0
+    for url in deployment["worker_metrics"]:
+        for family in text_string_to_metric_families(httpx.get(url, timeout=5).text):
+            successes += sum(
+                sample.value
+                for sample in family.samples
+                if sample.name == "toolfleet_worker_calls_total"
+                and sample.labels["outcome"] == "success"
+            )
+    assert successes == 6
+    served = httpx.get(f"{base}/metrics", timeout=5).text
+    waits = [
+        sample.value
+        for family in text_string_to_metric_families(served)
+        for sample in family.samples
+        if sample.name == "toolfleet_server_call_result_wait_seconds_count"
+    ]
+    assert sum(waits) == 6
+
     metrics = httpx.get(f"{flower}/metrics", timeout=5).text
     # Prometheus labels come sorted by name.
     assert 'flower_events_total{task="tools.grep",type="task-succeeded",worker="tool-worker@' in (

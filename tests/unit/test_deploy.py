@@ -159,6 +159,25 @@ def test_flower_uses_basic_auth_persistent_state_and_a_private_port() -> None:
     assert all(port.startswith("127.0.0.1:") for port in flower["ports"])
 
 
+@pytest.mark.parametrize("source", ["compose default", ".env.example"])
+def test_flower_tasks_page_shows_the_call_line_and_its_status(source: str) -> None:
+    """Given the flower service (with compose's default, or .env copied from
+    config/.env.example), then Flower reads a Tasks page column list from its environment
+    that names only columns Flower has, among them args (the call line) and result
+    (<success>/<error>), which Flower's own default leaves out."""
+    from flower.options import options
+    from flower.views.tasks import visible_task_columns
+
+    env = SECRETS if source == "compose default" else env_example()
+    value = str(services(env)["flower"]["environment"]["FLOWER_TASKS_COLUMNS"])
+    slugs = value.split(",")
+    default = str(options.tasks_columns)  # Flower's default: nothing parsed it here
+
+    assert [slug for slug, _ in visible_task_columns(value)] == slugs
+    assert {"args", "result"} <= set(slugs)
+    assert not {"args", "result"} & set(default.split(","))
+
+
 def test_orchestrator_waits_for_healthy_redis_and_workers() -> None:
     depends = services(SECRETS)["orchestrator"]["depends_on"]
     assert {name: dep["condition"] for name, dep in depends.items()} == {
