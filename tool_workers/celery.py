@@ -18,6 +18,7 @@ from celery import signals
 from tool_workers import metrics
 from tool_workers.app import create_app
 from tool_workers.connections import redis_client
+from tool_workers.errors import ConfigError
 from tool_workers.loader import load_tools
 from tool_workers.logs import install_formatters, settings_fields
 from tool_workers.redaction import quiet_celery_trace
@@ -39,7 +40,12 @@ _publisher: RegistryPublisher | None = None
 @signals.worker_init.connect  # type: ignore[untyped-decorator]  # celery is unannotated
 def _start_metrics(**_: Any) -> None:
     # The main process, before the pool starts: the pool processes inherit the metrics.
-    metrics.start(settings)
+    try:
+        metrics.start(settings)
+    except ConfigError as exc:
+        # Celery logs and ignores a receiver's Exception (before logging is set up, too):
+        # a worker asked for metrics it cannot serve stops instead.
+        raise SystemExit(f"toolfleet worker: {exc}") from exc
 
 
 @signals.worker_ready.connect  # type: ignore[untyped-decorator]  # celery is unannotated
