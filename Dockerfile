@@ -18,8 +18,9 @@ COPY orchestrator ./orchestrator
 COPY tool_workers ./tool_workers
 COPY config ./config
 # The runtime extras: ops (Flower), postgres (checkpointer), server (toolfleet serve),
-# metrics (Prometheus); not dev or bench, which are for working on toolfleet.
-RUN pip install '.[ops,postgres,server,metrics]'
+# metrics (Prometheus), otel (OpenTelemetry API); not dev or bench, which are for
+# working on toolfleet.
+RUN pip install '.[ops,postgres,server,metrics,otel]'
 
 # Not root: tools and model-written code run as this user. /workspace (the built-in file
 # tools) and /data (Flower's state, the checkpointer) are volumes owned by it.

@@ -15,7 +15,7 @@ from typing import Any
 
 from celery import signals
 
-from tool_workers import metrics
+from tool_workers import metrics, tracing
 from tool_workers.app import create_app
 from tool_workers.connections import redis_client
 from tool_workers.errors import ConfigError
@@ -46,6 +46,8 @@ def _start_metrics(**_: Any) -> None:
         # Celery logs and ignores a receiver's Exception (before logging is set up, too):
         # a worker asked for metrics it cannot serve stops instead.
         raise SystemExit(f"toolfleet worker: {exc}") from exc
+    # Also before the pool starts: an OpenTelemetry span per call (opentelemetry-api).
+    tracing.start()
 
 
 @signals.worker_ready.connect  # type: ignore[untyped-decorator]  # celery is unannotated

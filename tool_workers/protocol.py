@@ -13,10 +13,18 @@ the tool twice.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from langgraph.prebuilt.tool_node import TOOL_CALL_ERROR_TEMPLATE
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
 PROTOCOL_VERSION = 1
 """Bumped on any incompatible change to ToolRequest or ToolResult."""
@@ -90,6 +98,63 @@ class ToolRequest(BaseModel):
     """Graph context the tool declared it needs (state fields, runtime), as JSON."""
     progress: bool = False
     """Publish the tool's stream-writer events (and heartbeats) on the reply channel."""
+    trace: TraceContext | None = None
+    """The caller's trace context: the worker's span of the call is its child."""
+
+    @field_validator("trace", mode="wrap")
+    @classmethod
+    def _ignore_bad_trace(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # Tracing never fails a call: a malformed trace context is dropped.
+        try:
+            return handler(value)
+        except ValidationError:
+            return None
+
+
+TRACE_HEADERS = ("langsmith-trace", "baggage", "traceparent", "tracestate")
+"""Propagation headers a call carries: LangSmith's own (``langsmith-trace`` with its
+``baggage``) and W3C Trace Context (``traceparent``, ``tracestate``; ``baggage`` is
+shared with W3C Baggage)."""
+
+
+class TraceContext(BaseModel):
+    """Trace propagation headers of the orchestrator's side of one call, as sent.
+
+    Each field holds one header's value, unparsed; each is optional, so a caller with
+    only LangSmith or only OpenTelemetry sends just its own. Lengths are bounded (the
+    values come from another process); ``traceparent`` must have the W3C form.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    langsmith_trace: str | None = Field(default=None, max_length=1024)
+    """LangSmith's ``langsmith-trace`` header: the dotted order of the parent run."""
+    baggage: str | None = Field(default=None, max_length=8192)
+    """The ``baggage`` header (LangSmith's metadata, tags and project, and W3C Baggage)."""
+    traceparent: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
+    )
+    """W3C ``traceparent``: version, trace id, parent span id, flags."""
+    tracestate: str | None = Field(default=None, max_length=512)
+    """W3C ``tracestate``: vendor entries that travel with ``traceparent``."""
+
+    def headers(self) -> dict[str, str]:
+        """The headers that are set, under their wire names (``langsmith-trace``, ...)."""
+        values = (self.langsmith_trace, self.baggage, self.traceparent, self.tracestate)
+        return {name: value for name, value in zip(TRACE_HEADERS, values, strict=True) if value}
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, str]) -> TraceContext | None:
+        """The context in ``headers`` (case-insensitive names), ``None`` if none is there.
+
+        Raises:
+            pydantic.ValidationError: a header value is malformed or too long.
+        """
+        lowered = {name.lower(): value for name, value in headers.items()}
+        found = {name: lowered[name] for name in TRACE_HEADERS if lowered.get(name)}
+        if not found:
+            return None
+        return cls(**{name.replace("-", "_"): value for name, value in found.items()})
 
 
 class Injected(BaseModel):

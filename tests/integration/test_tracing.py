@@ -1,0 +1,144 @@
+"""The worker's OpenTelemetry span of a call: in the caller's trace, with its attributes."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from tool_workers.app import create_app
+from tool_workers.protocol import ToolRequest, TraceContext, task_name
+from tool_workers.settings import Settings
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def send(app: Celery, tool: str, trace: TraceContext | None, **args: Any) -> str:
+    """Publish one call as the orchestrator would (with ``trace``); wait for its result."""
+    task_id = str(uuid.uuid4())
+    request = ToolRequest(
+        tool=tool,
+        call_id=f"call-{tool}",
+        args=args,
+        idempotency_key=task_id,
+        thread_id="thread-1",
+        run_id="run-1",
+        trace=trace,
+    )
+    app.send_task(task_name(tool), args=[request.model_dump(mode="json")], task_id=task_id)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if app.backend.get_task_meta(task_id).get("status") == "SUCCESS":
+            return task_id
+        time.sleep(0.05)
+    raise AssertionError(f"no result for {tool}")
+
+
+def spans_of(path: Path, expected: int) -> list[dict[str, Any]]:
+    """The spans the worker's processes have written, once there are ``expected``."""
+    deadline = time.monotonic() + 10
+    spans: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        spans = (
+            [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        )
+        if len(spans) >= expected:
+            break
+        time.sleep(0.05)
+    return spans
+
+
+def test_worker_span_joins_the_callers_trace_with_the_call_attributes(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Given a prefork worker with an OpenTelemetry SDK, when the caller publishes calls
+    carrying its span's traceparent, then each call's worker span is that span's child in
+    the same trace, names the call (tool, tool_call_id, thread, run, task, worker,
+    attempt, outcome) and nothing of its arguments, is the parent of what the tool
+    traces, and marks a tool error; a call without a trace context starts its own."""
+    spans_file = tmp_path / "spans.jsonl"
+    settings = make_settings(tool_modules=("tests.fleet_tools", "tests.otel_worker"))
+    worker = start_worker(
+        settings, pool="prefork", concurrency=1, extra_env={"TOOLFLEET_TEST_SPANS": str(spans_file)}
+    )
+
+    app = create_app(settings)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("tests.orchestrator")
+    with tracer.start_as_current_span("dispatch") as dispatch:
+        carrier: dict[str, str] = {}
+        TraceContextTextMapPropagator().inject(carrier)
+        trace = TraceContext.from_headers(carrier)
+        assert trace is not None and trace.traceparent
+        ok = send(app, "traced_step", trace, label="secret-argument")
+        failed = send(app, "boom", trace, reason="r")
+    alone = send(app, "traced_step", None, label="alone")
+    (caller,) = exporter.get_finished_spans()
+    caller_trace = f"{dispatch.get_span_context().trace_id:032x}"
+    caller_span = f"{dispatch.get_span_context().span_id:016x}"
+    assert caller.name == "dispatch"
+
+    spans = spans_of(spans_file, expected=5)
+    by_task = {s["attributes"].get("toolfleet.task_id"): s for s in spans}
+    step, error, root = by_task[ok], by_task[failed], by_task[alone]
+    assert step["name"] == "execute_tool traced_step" and step["kind"] == "CONSUMER"
+    assert step["attributes"] == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "traced_step",
+        "gen_ai.tool.call.id": "call-traced_step",
+        "toolfleet.tool": "traced_step",
+        "toolfleet.tool_call_id": "call-traced_step",
+        "toolfleet.thread_id": "thread-1",
+        "toolfleet.run_id": "run-1",
+        "toolfleet.task_id": ok,
+        "toolfleet.worker": worker.hostname,
+        "toolfleet.attempt": 1,
+        "toolfleet.outcome": "success",
+    }
+    assert (step["trace_id"], step["parent_id"]) == (caller_trace, caller_span)
+    assert step["status"] == "UNSET"
+    assert "secret-argument" not in json.dumps(step)
+
+    (inner,) = [s for s in spans if s["name"] == "inner secret-argument"]
+    assert (inner["trace_id"], inner["parent_id"]) == (caller_trace, step["span_id"])
+
+    assert (error["trace_id"], error["parent_id"]) == (caller_trace, caller_span)
+    assert error["attributes"]["toolfleet.outcome"] == "tool_error"
+    assert error["status"] == "ERROR"
+
+    assert root["trace_id"] != caller_trace and root["parent_id"] is None
+
+
+def test_trace_headers_round_trip_and_a_bad_one_never_fails_a_call() -> None:
+    """Given propagation headers, then TraceContext keeps each under its wire name; a
+    request whose trace context is malformed is still a valid request, without it."""
+    headers = {
+        "Traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "tracestate": "vendor=1",
+        "langsmith-trace": "20240101T000000000000Z1f0c.20240101T000000000001Z2a1d",
+        "baggage": "langsmith-project=agents",
+    }
+    trace = TraceContext.from_headers(headers)
+    assert trace is not None
+    assert trace.headers() == {name.lower(): value for name, value in headers.items()}
+    assert TraceContext.from_headers({"content-type": "json"}) is None
+
+    raw = {
+        "tool": "echo",
+        "call_id": "c",
+        "idempotency_key": "k",
+        "trace": {"traceparent": "not-a-traceparent"},
+    }
+    assert ToolRequest.model_validate(raw).trace is None
