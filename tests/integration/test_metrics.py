@@ -14,8 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import dispatcher_for
-from orchestrator.dispatch import CeleryDispatcher, PreparedCall
-from tests.serving import free_port
+from orchestrator.calls import PreparedCall
+from orchestrator.dispatch import CeleryDispatcher
+from tests.support.serving import free_port
 from tool_workers.protocol import task_id_for
 from tool_workers.settings import Settings
 

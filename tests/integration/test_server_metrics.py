@@ -13,7 +13,7 @@ import pytest
 from langgraph_sdk import get_client
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.serving import ServerProcess, prefork_fleet, run, start_server
+from tests.support.serving import ServerProcess, prefork_fleet, run, start_server
 from tool_workers.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here

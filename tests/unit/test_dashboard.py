@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.metrics_core import Metric
 
 from orchestrator.server.routes.metrics import ServerMetrics
-from tests.compose import services
-from tests.conftest import REPO
+from tests.support.compose import services
+from tests.support.fleet import REPO
 from tool_workers.metrics import WorkerMetrics
 
 DASHBOARD = REPO / "config" / "grafana" / "toolfleet-dashboard.json"

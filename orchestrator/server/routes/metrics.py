@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from orchestrator.server.services import Services
 from orchestrator.dispatch.timings import CallTimings
+from orchestrator.server.services import Services
 
 router = APIRouter(tags=["system"])
 
