@@ -21,7 +21,14 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tool_workers.errors import ConfigError
@@ -230,3 +237,13 @@ class Settings(BaseSettings):
         if DEFAULT_CONFIG_PATH.is_file():
             return ToolPolicies.load(DEFAULT_CONFIG_PATH)
         return ToolPolicies()
+
+
+def settings_error(exc: ValidationError) -> str:
+    """One line for settings that do not validate, naming each variable (not its value)."""
+    problems = []
+    for error in exc.errors(include_url=False, include_input=False):
+        field = ".".join(str(part) for part in error["loc"])
+        variable = f"TOOLFLEET_{field.upper()}" if field in Settings.model_fields else field
+        problems.append(f"{variable}: {error['msg']}")
+    return "invalid settings: " + "; ".join(problems)

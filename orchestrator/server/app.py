@@ -38,10 +38,15 @@ from orchestrator.server.services import Services
 from orchestrator.server.store import Store
 from tool_workers.connections import async_redis_client, mask_secrets
 from tool_workers.errors import ConfigError
+from tool_workers.placeholders import refuse_placeholders
 from tool_workers.settings import Settings
 from tool_workers.store import store_for
 
 log = logging.getLogger("toolfleet.server")
+
+GRACEFUL_SHUTDOWN = 10
+"""Seconds uvicorn lets open requests finish after SIGTERM before it cuts them and the
+lifespan cancels this replica's runs (docker-compose.yml's stop_grace_period is longer)."""
 
 
 def create_app(
@@ -180,7 +185,8 @@ def serve(
         graphs: A project's graphs (default: the built-in agent).
 
     Raises:
-        ConfigError: no API tokens are configured and ``no_auth`` is not set.
+        ConfigError: no API tokens are configured and ``no_auth`` is not set, or a
+            password or token is a placeholder (``change-me``).
     """
     import uvicorn
 
@@ -189,6 +195,7 @@ def serve(
             "no API tokens: set TOOLFLEET_API_TOKENS (comma-separated), or pass --no-auth "
             "to serve without authentication"
         )
+    refuse_placeholders(settings)
     for name in ("uvicorn.error", "uvicorn.access"):  # startup line and one line a request
         logging.getLogger(name).setLevel(logging.INFO)
     config = uvicorn.Config(
@@ -196,6 +203,6 @@ def serve(
         host=host,
         port=port,
         log_config=None,  # configure_logging's handler and format
-        timeout_graceful_shutdown=10,  # then open streams are cut and local runs cancelled
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,  # then streams are cut, local runs cancelled
     )
     uvicorn.Server(config).run()

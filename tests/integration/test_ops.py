@@ -8,6 +8,7 @@ the test's own password-protected Redis in place of the ``redis`` service.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -48,6 +49,7 @@ from tests.support.compose import (
     env_example,
     load_compose,
     services,
+    size_bytes,
     variables,
 )
 from tests.support.fleet import REPO, new_namespace
@@ -100,27 +102,85 @@ def compose(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     return run
 
 
+SECRETS = {
+    "REDIS_PASSWORD": REDIS_PASSWORD,
+    "FLOWER_BASIC_AUTH": f"{FLOWER_USER}:{FLOWER_PASSWORD}",
+    "TOOLFLEET_API_TOKENS": API_TOKEN,
+}
+
+
 def test_compose_file_is_valid_compose_v2(
-    compose: Callable[..., subprocess.CompletedProcess[str]],
+    compose: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
 ) -> None:
-    """Given config/.env.example as the env file, when Compose v2 validates the file,
-    then it is valid and resolves as the tests read it; without the secrets it refuses."""
-    valid = compose("--env-file", str(ENV_EXAMPLE), "config", "-q")
+    """Given config/.env.example with its secrets set as the env file, when Compose v2
+    validates the file, then it is valid and resolves as the tests read it (memory
+    limits, log rotation, Redis' eviction policy, grace periods included); the example
+    copied unchanged, or no env file, is refused with a line naming the secret."""
+    env_file = tmp_path / "deploy.env"
+    example = {**env_example(), **SECRETS}
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in example.items()))
+    valid = compose("--env-file", str(env_file), "config", "-q")
     assert valid.returncode == 0, valid.stderr
 
-    resolved = compose("--env-file", str(ENV_EXAMPLE), "config", "--format", "json")
+    resolved = compose("--env-file", str(env_file), "config", "--format", "json")
     by_compose = json.loads(resolved.stdout)["services"]
-    by_tests = services(env_example())
+    by_tests = services(example)
     assert set(by_compose) == set(by_tests)
     for name, service in by_compose.items():
         assert service["command"] == by_tests[name]["command"], name
         assert service.get("environment", {}) == {
             k: str(v) for k, v in by_tests[name].get("environment", {}).items()
         }, name
+        assert service["logging"] == by_tests[name]["logging"], name
+        # Compose normalises sizes to bytes and durations to strings of its own.
+        assert service["mem_limit"] == str(size_bytes(by_tests[name]["mem_limit"])), name
+        # Compose prints an escaped $ as $$ again.
+        test = [part.replace("$$", "$") for part in service["healthcheck"]["test"]]
+        assert test == by_tests[name]["healthcheck"]["test"], name
+    assert by_compose["orchestrator"]["stop_grace_period"] == "40s"
+    assert "noeviction" in by_compose["redis"]["command"]
 
-    missing = compose("config", "-q")
-    assert missing.returncode != 0
-    assert "REDIS_PASSWORD" in missing.stderr
+    for refused in (
+        compose("--env-file", str(ENV_EXAMPLE), "config", "-q"),
+        compose("config", "-q"),
+    ):
+        assert refused.returncode != 0
+        # Compose names the first empty secret it meets.
+        assert any(f"required variable {name} is missing" in refused.stderr for name in SECRETS)
+        errors = [line for line in refused.stderr.splitlines() if "level=warning" not in line]
+        assert len(errors) == 1, refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("service", "variable", "override"),
+    [
+        ("tool-worker", "TOOLFLEET_BROKER_URL", {"REDIS_PASSWORD": "change-me"}),
+        ("sandbox-worker", "TOOLFLEET_BROKER_URL", {"REDIS_PASSWORD": "changeme"}),
+        ("flower", "FLOWER_BASIC_AUTH", {"FLOWER_BASIC_AUTH": "admin:change-me"}),
+        ("orchestrator", "TOOLFLEET_API_TOKENS", {"TOOLFLEET_API_TOKENS": "change-me"}),
+    ],
+)
+def test_services_refuse_placeholder_secrets_in_one_line(
+    service: str, variable: str, override: dict[str, str], tmp_path: Path
+) -> None:
+    """Given a compose service whose .env holds a placeholder secret, when its command
+    starts, then it exits non-zero at once with one line naming the variable, before
+    it connects anywhere (its broker's host does not even resolve here)."""
+    spec = services({**SECRETS, **override})[service]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLFLEET_", "FLOWER_"))}
+    env.update({k: str(v) for k, v in spec["environment"].items()})
+    env["TOOLFLEET_CONFIG"] = str(REPO / "config" / "toolfleet.toml")
+    command = [str(BIN / spec["command"][0]), *spec["command"][1:]]
+
+    started = subprocess.run(
+        command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+
+    assert started.returncode != 0
+    lines = (started.stdout + started.stderr).strip().splitlines()
+    assert len(lines) == 1, lines
+    assert variable in lines[0] and "placeholder" in lines[0], lines
+    assert "change-me" not in lines[0] and "changeme" not in lines[0]
 
 
 # -- the deployment as local processes -----------------------------------------------------
@@ -268,6 +328,24 @@ def deployment(tmp_path: Path) -> Iterator[dict[str, Any]]:
         finally:
             for service in running:
                 service.stop()
+
+
+def run_healthcheck(
+    deployment: dict[str, Any], service: str, hostname: str, timeout: str = "10"
+) -> subprocess.CompletedProcess[str]:
+    """The service's compose healthcheck (a CMD-SHELL line) on the container ``hostname``."""
+    kind, test = deployment["specs"][service]["healthcheck"]["test"]
+    assert kind == "CMD-SHELL"
+    env = local_env(deployment["specs"][service], deployment["broker_url"])
+    env.update(HOSTNAME=hostname, PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
+    return subprocess.run(
+        ["sh", "-c", test.replace("--timeout 10", f"--timeout {timeout}")],
+        env=env,
+        cwd=deployment["tmp"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _settings_overrides(env: Mapping[str, str]) -> dict[str, Any]:
@@ -457,6 +535,22 @@ def test_compose_deployment_runs_an_agent_and_is_observable(deployment: dict[str
     assert FLOWER_PASSWORD not in everything
     client.close()
     assert time.monotonic() - t0 < 60
+
+    # Each worker's healthcheck, as compose runs it in its container: healthy for its
+    # own node; a node that is not running fails it.
+    with concurrent.futures.ThreadPoolExecutor() as pool:
+        checks = [
+            pool.submit(run_healthcheck, deployment, "tool-worker", "tool-worker-1"),
+            pool.submit(run_healthcheck, deployment, "sandbox-worker", "sandbox-worker-1"),
+            pool.submit(run_healthcheck, deployment, "tool-worker", "tool-worker-9", "1"),
+        ]
+        tool_worker, sandbox_worker, gone = (check.result() for check in checks)
+    assert tool_worker.returncode == 0, tool_worker.stderr
+    assert sandbox_worker.returncode == 0, sandbox_worker.stderr
+    assert gone.returncode == 1
+    assert gone.stderr.strip() == (
+        "unhealthy: tool-worker@tool-worker-9 did not answer a ping within 1 s"
+    )
 
 
 def _logs(procs: Mapping[str, Service]) -> str:

@@ -64,6 +64,14 @@ def variables(value: Any) -> set[str]:
     return set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", text))
 
 
+def size_bytes(size: str) -> int:
+    """A compose/Redis size (``512mb``, ``1g``, ``10m``) in bytes."""
+    match = re.fullmatch(r"(\d+)\s*([kmg]?)b?", str(size).strip().lower())
+    if match is None:
+        raise ValueError(f"not a size: {size!r}")
+    return int(match.group(1)) * 1024 ** " kmg".index(match.group(2) or " ")
+
+
 def load_compose() -> dict[str, Any]:
     """docker-compose.yml as written (anchors and ``<<`` merges resolved by PyYAML)."""
     return dict(yaml.safe_load(COMPOSE_FILE.read_text()))

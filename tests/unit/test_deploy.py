@@ -16,9 +16,12 @@ from tests.support.compose import (
     interpolate,
     load_compose,
     services,
+    size_bytes,
     variables,
 )
 from tests.support.fleet import REPO
+from tool_workers.errors import ConfigError
+from tool_workers.placeholders import is_placeholder, refuse_placeholders
 from tool_workers.settings import Settings, ToolPolicies
 
 SECRETS = {"REDIS_PASSWORD": "pw", "FLOWER_BASIC_AUTH": "ops:pw", "TOOLFLEET_API_TOKENS": "t"}
@@ -116,13 +119,88 @@ def test_workers_consume_their_queues_and_send_events() -> None:
     assert option(sandbox["command"], "-n").startswith("sandbox-worker@")
 
 
-def test_worker_healthchecks_ping_their_own_node() -> None:
+def test_worker_healthchecks_check_their_own_node_without_loading_the_tools() -> None:
+    """Given a worker's healthcheck, then it asks about its own node only, through
+    tool_workers.health: not `celery -A tool_workers ...`, which imports every tool
+    module on every check."""
     for name in ("tool-worker", "sandbox-worker"):
         service = services(SECRETS)[name]
-        test = " ".join(service["healthcheck"]["test"])
+        kind, test = service["healthcheck"]["test"]
         node = service["command"][service["command"].index("-n") + 1]
-        assert "inspect ping" in test
-        assert f"-d {node.replace('%h', '$HOSTNAME')}" in test
+        assert kind == "CMD-SHELL"
+        assert test.split()[:4] == [
+            "python",
+            "-m",
+            "tool_workers.health",
+            node.replace("%h", "$HOSTNAME"),
+        ]
+        assert "celery" not in test
+
+
+def test_redis_never_evicts_and_has_a_memory_ceiling() -> None:
+    """Given the bundled Redis, then it has a maxmemory with the noeviction policy (an
+    evicting policy would drop queued calls and results), below its container's limit."""
+    redis = services(SECRETS)["redis"]
+    command = redis["command"]
+    maxmemory = command[command.index("--maxmemory") + 1]
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+    assert size_bytes(maxmemory) < size_bytes(redis["mem_limit"])
+    assert redis["memswap_limit"] == redis["mem_limit"]
+
+
+def test_every_long_running_service_has_a_memory_limit_and_rotated_logs() -> None:
+    for name, service in services(SECRETS).items():
+        assert size_bytes(service["mem_limit"]) >= 256 * 2**20, name
+        logging = service["logging"]
+        assert logging["driver"] == "json-file", name
+        assert size_bytes(logging["options"]["max-size"]) <= 100 * 2**20, name
+        assert 1 <= int(logging["options"]["max-file"]) <= 20, name
+
+
+def test_orchestrator_stop_grace_period_outlasts_its_graceful_shutdown() -> None:
+    """Given `docker compose stop` (SIGTERM, then SIGKILL after the grace period), then
+    the orchestrator has time to drain (uvicorn's graceful shutdown) and then to cancel
+    and record its runs, instead of Docker's default 10 s cutting it off."""
+    from orchestrator.server.app import GRACEFUL_SHUTDOWN
+
+    grace = seconds(services(SECRETS)["orchestrator"]["stop_grace_period"])
+    assert grace >= GRACEFUL_SHUTDOWN + 20
+
+
+def test_env_example_leaves_every_secret_empty_so_compose_refuses_it() -> None:
+    """Given .env copied from config/.env.example unchanged, then compose refuses to
+    start, naming a secret to set (the example carries no placeholder that would pass)."""
+    example = env_example()
+    for secret in SECRETS:
+        assert example[secret] == "", secret
+    with pytest.raises(MissingVariable, match="REDIS_PASSWORD"):
+        services(example)
+
+
+def test_placeholders_are_refused_by_name() -> None:
+    """Given a placeholder (the ones examples use) for a password or token, then the
+    processes' start-up check refuses it with one line naming the variable and never
+    the value; secrets of their own pass."""
+    flower_env = {"FLOWER_BASIC_AUTH": "ops:s3cr3t-of-its-own,admin:change-me"}
+    cases = [
+        ("TOOLFLEET_BROKER_URL", "change-me-to-a-long-random-hex-string", "broker_url",
+         "redis://:{}@redis:6379/0"),
+        ("TOOLFLEET_API_TOKENS", "changeme", "api_tokens", "3f1b9c0e,{}"),
+        ("TOOLFLEET_DATABASE_URL", "changeit", "database_url", "postgresql://app:{}@db/app"),
+        ("TOOLFLEET_RESULT_BACKEND", "CHANGE-ME", "result_backend", "redis://u:{}@redis:6379/1"),
+    ]  # fmt: skip
+    for variable, placeholder, field, template in cases:
+        settings = Settings(**{field: template.format(placeholder)})
+        with pytest.raises(ConfigError, match=variable) as caught:
+            refuse_placeholders(settings, {})
+        assert "\n" not in str(caught.value)
+        assert placeholder not in str(caught.value)
+    with pytest.raises(ConfigError, match="FLOWER_BASIC_AUTH"):
+        refuse_placeholders(Settings(), flower_env)
+    own = Settings(broker_url="redis://:9d2c51f0a7e4@redis:6379/0", api_tokens="b41e2f07")  # type: ignore[arg-type]
+    refuse_placeholders(own, {"FLOWER_BASIC_AUTH": "ops:9d2c51f0a7e4"})
+    for placeholder in ("change-me", "changeme", "change-me-to-a-long-random-hex-string"):
+        assert is_placeholder(placeholder)
 
 
 def test_stop_grace_period_outlasts_the_longest_time_limit() -> None:
@@ -203,9 +281,10 @@ def test_every_setting_reaches_the_services_and_is_documented() -> None:
 
 
 def test_env_example_yields_a_valid_deployment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Given .env copied from config/.env.example, then every service interpolates and
-    its TOOLFLEET_* environment parses as Settings (empty values: the defaults)."""
-    example = env_example()
+    """Given .env copied from config/.env.example with its secrets set, then every
+    service interpolates and its TOOLFLEET_* environment parses as Settings (empty
+    values: the defaults)."""
+    example = {**env_example(), **SECRETS}
     all_services = services(example)
     for name in TOOLFLEET_SERVICES:
         with monkeypatch.context() as patch:

@@ -1,0 +1,77 @@
+"""A worker's container healthcheck: ``python -m tool_workers.health <node name>``.
+
+Healthy means both halves of a worker's job work: its consumer answers a ``ping``
+addressed to its own node over the broker (only that node is asked), and its registry
+entry is in Redis (orchestrators can discover its tools). Exit status 0 when both hold,
+1 otherwise, with one line saying which failed.
+
+It imports no tool module: ``celery -A tool_workers inspect ping`` loads the worker's
+whole app, every tool module included, on every check (seconds of CPU and a hundred
+megabytes a time with heavy tool dependencies); this builds a bare app from the same
+settings, which is all a ping needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import redis
+
+from tool_workers.app import create_app
+from tool_workers.connections import redis_client
+from tool_workers.errors import ToolfleetError
+from tool_workers.protocol import worker_registry_key
+from tool_workers.settings import Settings
+
+
+def check(settings: Settings, node: str, timeout: float) -> str | None:
+    """Why ``node`` is unhealthy, or ``None`` when it is healthy.
+
+    Args:
+        settings: The worker's settings (its broker, namespace and policy file).
+        node: The worker's node name (``tool-worker@<host>``).
+        timeout: Seconds to wait for the ping's reply.
+    """
+    app = create_app(settings)
+    try:
+        # limit=1: return on the node's reply instead of waiting out the timeout.
+        replies = app.control.ping(destination=[node], timeout=timeout, limit=1)
+    except Exception as exc:  # any broker failure is a failed check, told in one line
+        return f"cannot ping {node}: {type(exc).__name__}: {exc}"
+    finally:
+        app.close()
+    if not any(node in reply for reply in replies or []):
+        return f"{node} did not answer a ping within {timeout:g} s"
+    client = redis_client(settings.broker_url, settings)
+    try:
+        registered = client.exists(worker_registry_key(settings.key_prefix, node))
+    except redis.RedisError as exc:
+        return f"cannot read the registry: {type(exc).__name__}: {exc}"
+    finally:
+        client.close()
+    if not registered:
+        return f"{node} answers but has no registry entry (orchestrators cannot see its tools)"
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the check for the node named on the command line; the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m tool_workers.health")
+    parser.add_argument("node", help="the worker's node name, e.g. tool-worker@$HOSTNAME")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait")
+    args = parser.parse_args(argv)
+    try:
+        problem = check(Settings(), args.node, args.timeout)
+    except (ToolfleetError, ValueError) as exc:
+        problem = f"cannot check {args.node}: {exc}"
+    if problem is not None:
+        print(f"unhealthy: {problem}", file=sys.stderr)
+        return 1
+    print(f"healthy: {args.node}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
