@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import traceback
 from collections.abc import Iterable
 from typing import Any
 
@@ -50,8 +51,17 @@ def tools_of_module(module_name: str, settings: Settings) -> list[BaseTool]:
     """
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+            # The named module itself (or its package) is missing, not one it imports.
+            raise ToolLoadError(
+                f"cannot import tool module {module_name!r} (TOOLFLEET_TOOL_MODULES): no module "
+                f"named {exc.name!r} on this worker's path; run the worker from the project's "
+                "directory or install its package"
+            ) from exc
+        raise ToolLoadError(f"cannot import tool module {module_name!r}: {cause(exc)}") from exc
     except Exception as exc:
-        raise ToolLoadError(f"cannot import tool module {module_name!r}: {exc!r}") from exc
+        raise ToolLoadError(f"cannot import tool module {module_name!r}: {cause(exc)}") from exc
     provided: Iterable[Any]
     factory = getattr(module, "get_tools", None)
     if callable(factory):
@@ -59,7 +69,7 @@ def tools_of_module(module_name: str, settings: Settings) -> list[BaseTool]:
         try:
             provided = factory(settings) if takes_settings else factory()
         except Exception as exc:
-            raise ToolLoadError(f"{module_name}.get_tools() failed: {exc!r}") from exc
+            raise ToolLoadError(f"{module_name}.get_tools() failed: {cause(exc)}") from exc
     elif isinstance(getattr(module, "tools", None), (list, tuple)):
         provided = module.tools
     else:
@@ -71,3 +81,27 @@ def tools_of_module(module_name: str, settings: Settings) -> list[BaseTool]:
     if not tools:
         raise ToolLoadError(f"tool module {module_name!r} provides no tools")
     return tools
+
+
+def cause(exc: BaseException) -> str:
+    """``exc`` as one line: its type, its message and where it was raised.
+
+    The place is the innermost frame outside the import machinery, so a tool module
+    that imports a missing dependency names its own line, and a syntax error its line.
+    """
+    where = None
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f"{exc.filename}:{exc.lineno}"
+        message = exc.msg
+    else:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
+        if frames:
+            where = f"{frames[-1].filename}:{frames[-1].lineno}"
+        message = str(exc)
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    text = " ".join(text.split())  # one line, whatever the message holds
+    return f"{text} (at {where})" if where else text
+
+
+def _internal(filename: str) -> bool:
+    return filename.startswith("<frozen") or filename in (importlib.__file__, __file__)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -190,3 +191,49 @@ def test_second_dispatch_of_a_call_attaches_to_the_first(
 
     assert a.content == b.content == "touched once (run 1)"
     assert effects(counter, shared_fleet, "touch")[the_call.task_id] == 1
+
+
+BROKEN_TOOL_MODULES = {
+    # A tool module importing a dependency this worker lacks.
+    "tf_needs_dep": (
+        "import json\nimport definitely_not_installed_xyz\n",
+        "ModuleNotFoundError: No module named 'definitely_not_installed_xyz' (at {path}:2)",
+    ),
+    "tf_bad_syntax": ("def tool(:\n    pass\n", "SyntaxError: invalid syntax (at {path}:1)"),
+    "tf_bad_factory": (
+        "def get_tools(settings):\n    raise RuntimeError('no key for the search API')\n",
+        "tf_bad_factory.get_tools() failed: RuntimeError: no key for the search API (at {path}:2)",
+    ),
+    "tf_not_there": (None, "no module named 'tf_not_there' on this worker's path"),
+}
+
+
+@pytest.mark.parametrize("module", sorted(BROKEN_TOOL_MODULES))
+def test_worker_with_a_broken_tool_module_says_why_in_one_line_and_exits(
+    module: str, make_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """Given TOOLFLEET_TOOL_MODULES naming a module that fails to import (a missing
+    dependency, a syntax error, a failing get_tools(), a typo), when `celery -A
+    tool_workers worker` starts from the project's directory, then it exits non-zero
+    with the real cause and where it was raised on one line, and nothing else."""
+    source, expected = BROKEN_TOOL_MODULES[module]
+    path = tmp_path / f"{module}.py"
+    if source is not None:
+        path.write_text(source)
+    settings = make_settings(tool_modules=(module,))
+    env = {**os.environ, **settings_env(settings), **worker_env(settings)}
+
+    started = subprocess.run(
+        [str(Path(sys.executable).parent / "celery"), "-A", "tool_workers", "worker"],
+        env=env,
+        cwd=tmp_path,  # Celery imports the app (and so the tool modules) from here
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert started.returncode != 0
+    lines = (started.stdout + started.stderr).strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("toolfleet: ")
+    assert expected.format(path=path) in lines[0], lines[0]
