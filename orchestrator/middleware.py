@@ -51,6 +51,7 @@ from orchestrator.messages import (
     unknown_tool_text,
     unserved_text,
 )
+from orchestrator.offering import ToolOffer
 from orchestrator.placement import Placement, PlacementRules, describe
 from tool_workers.errors import ResultTimeout, RunDeadlineExceeded
 from tool_workers.protocol import ToolResult, ToolSpec, task_id_for
@@ -97,6 +98,7 @@ class CeleryToolMiddleware(AgentMiddleware):
         eager_dispatch: bool = True,
         unserved_wait: float | None = None,
         placement: Mapping[str, Placement] | None = None,
+        discover: bool = False,
     ) -> None:
         """
         Args:
@@ -110,6 +112,11 @@ class CeleryToolMiddleware(AgentMiddleware):
             unserved_wait: Seconds a call waits for a worker serving its tool before it
                 fails (default: ``TOOLFLEET_UNSERVED_WAIT``).
             placement: ``{"tool name": "local" | "remote"}``, overriding where calls run.
+            discover: Offer the model every tool the live workers serve, added to each
+                model request (instead of ``discover_tools()`` in ``tools=``); a served
+                tool whose name the agent already has (another middleware's, such as
+                Deep Agents' ``read_file``) yields to it, with a warning. See
+                :mod:`orchestrator.offering`.
         """
         super().__init__()
         self._dispatcher = dispatcher if dispatcher is not None else dispatcher_for(app)
@@ -121,6 +128,7 @@ class CeleryToolMiddleware(AgentMiddleware):
         self._delivered: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._retry_of: dict[str, str] = {}
         self._placements_seen: set[frozenset[str]] = set()
+        self._offer = ToolOffer(self._dispatcher) if discover else None
 
     @property
     def dispatcher(self) -> Dispatcher:
@@ -130,19 +138,31 @@ class CeleryToolMiddleware(AgentMiddleware):
     # -- placement is visible: logged (and published) when an agent's tools are first seen
 
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        """Pass the model call on; note where the agent's tools run, once per tool set."""
+        """Pass the model call on (with the fleet's tools added when ``discover`` is set);
+        note where the agent's tools run, once per tool set."""
+        served = self._dispatcher.served_tools()
+        request = self._offered(request, served)
         tools = self._new_tool_set(request.tools)
         if tools is not None:
-            self._dispatcher.note_placement(self._placement(tools, self._dispatcher.served_tools()))
+            self._dispatcher.note_placement(self._placement(tools, served))
         return handler(request)
 
     async def awrap_model_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
         """Async flavour of :meth:`wrap_model_call`."""
+        served = await self._dispatcher.served_tools_async()
+        request = self._offered(request, served)
         tools = self._new_tool_set(request.tools)
         if tools is not None:
-            served = await self._dispatcher.served_tools_async()
             await self._dispatcher.note_placement_async(self._placement(tools, served))
         return await handler(request)
+
+    def _offered(self, request: Any, served: Mapping[str, ToolSpec]) -> Any:
+        """The request with the fleet's tools added (``discover``), the clashes noted."""
+        if self._offer is None:
+            return request
+        tools, yielded = self._offer.extend(request.tools, served)
+        self.rules.yield_to(yielded)
+        return request.override(tools=tools) if len(tools) != len(request.tools) else request
 
     def _new_tool_set(self, tools: Sequence[Any]) -> list[BaseTool] | None:
         """The agent's tools, the first time this set of tools is seen; else ``None``."""

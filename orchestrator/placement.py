@@ -4,7 +4,8 @@ Agents combine tools: the user's (served by workers), tools other middleware add
 todo list, a virtual filesystem that lives in graph state), tools the user keeps local.
 A call goes to the workers when, in this order:
 
-1. ``placement={"tool": "local" | "remote"}`` says so;
+1. ``placement={"tool": "local" | "remote"}`` says so (and stays here when the fleet's
+   tool of that name yielded to the agent's own, see :mod:`orchestrator.offering`);
 2. the tool exists here only by its schema (``discover_tools()``) or not at all;
 3. the tool object says so (``tool.metadata["toolfleet_placement"]``);
 4. a live worker serves a tool of that name *with the same arguments* (a different tool
@@ -51,6 +52,12 @@ class PlacementRules:
         self._overrides = dict(overrides or {})
         self._configured = set(configured)
         self._local_args: dict[int, tuple[BaseTool, frozenset[str]]] = {}
+        self._yielded: set[str] = set()
+
+    def yield_to(self, names: Iterable[str]) -> None:
+        """The agent's own tools of these names keep their calls, whatever the workers
+        serve under the same names (the model is bound to the agent's tool)."""
+        self._yielded.update(names)
 
     def decide(
         self, name: str, tool: BaseTool | None, served: Mapping[str, ToolSpec]
@@ -58,6 +65,8 @@ class PlacementRules:
         """Where a call of ``name`` runs, and why."""
         if name in self._overrides:
             return self._overrides[name], "placement override"
+        if name in self._yielded and tool is not None and not isinstance(tool, RemoteTool):
+            return "local", "the fleet's tool of that name yields to this one"
         if tool is None:
             return "remote", "not defined here"
         if isinstance(tool, RemoteTool):

@@ -86,6 +86,10 @@ def discover_tools(
 ) -> list[BaseTool]:
     """Schema-only tools for everything the live workers serve.
 
+    Passed as ``create_agent``'s ``tools=``, a tool here replaces any middleware's tool of
+    the same name (LangChain's rule, silent); with middleware that brings tools, use
+    ``CeleryToolMiddleware(discover=True)`` instead (:mod:`orchestrator.offering`).
+
     Args:
         app: The Celery app (built from settings if omitted).
         settings: Settings to read the registry with.

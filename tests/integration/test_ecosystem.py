@@ -335,3 +335,75 @@ def test_injected_store_is_shared_by_workers_and_the_agent(
         assert item is not None and item.value == {"value": "blue"}
         store.delete(namespace, "colour")
     assert refused.status == "error" and "TOOLFLEET_STORE_URL" in refused.content
+
+
+@pytest.fixture
+def builtin_fleet(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., Any]
+) -> Settings:
+    """A worker serving the default (built-in) toolset: read_file, write_file, grep, ..."""
+    settings = make_settings(tool_modules=())
+    start_worker(settings, pool="threads", concurrency=4)
+    return settings
+
+
+def test_deep_agent_keeps_its_filesystem_when_the_fleet_serves_tools_of_the_same_names(
+    builtin_fleet: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Given the default workers (whose read_file, write_file and grep clash with Deep
+    Agents' file tools) and the README's Deep Agents agent, when the model writes and
+    reads /notes.md and lists the workspace, then /notes.md is in Deep Agents' state
+    filesystem, the model was bound to Deep Agents' file tools and offered the fleet's
+    other tools, list_dir ran on a worker, and each clash was logged as a warning."""
+    from deepagents import create_deep_agent
+    from langchain.agents.middleware import wrap_model_call
+
+    def policy(messages: Sequence[BaseMessage]) -> AIMessage:
+        done = [m for m in messages if isinstance(m, ToolMessage)]
+        if not done:
+            return tool_calls_message(
+                [
+                    ("write_file", {"file_path": "/notes.md", "content": "X is small\n"}),
+                    ("list_dir", {"path": "."}),
+                ]
+            )
+        if len(done) == 2:
+            return tool_calls_message([("read_file", {"file_path": "/notes.md"})])
+        return AIMessage(content="done")
+
+    bound: list[dict[str, Any]] = []
+
+    @wrap_model_call  # innermost: sees the tools the model is bound to
+    def record_tools(request: Any, handler: Callable[[Any], Any]) -> Any:
+        bound.append({t.name: set(t.args) for t in request.tools if hasattr(t, "args")})
+        return handler(request)
+
+    dispatcher = dispatcher_for(settings=builtin_fleet)
+    discover_tools(dispatcher=dispatcher, require=["read_file", "list_dir"], wait=15)
+    agent = create_deep_agent(
+        model=ScriptedChatModel(policy=policy),
+        middleware=[
+            TodoListMiddleware(),
+            CeleryToolMiddleware(dispatcher=dispatcher, discover=True),
+            record_tools,
+        ],
+    )
+
+    with caplog.at_level("WARNING", logger="toolfleet.orchestrator"):
+        state = agent.invoke({"messages": [("user", "Research X and write notes to /notes.md")]})
+
+    assert "X is small" in str(state["files"]["/notes.md"])
+    by_name = {m.name: m for m in tool_messages(state)}
+    assert "X is small" in str(by_name["read_file"].content)
+    for local in ("write_file", "read_file"):
+        assert "toolfleet" not in by_name[local].response_metadata, local
+        assert by_name[local].status != "error", by_name[local]
+    assert by_name["list_dir"].response_metadata["toolfleet"]["worker"]
+    assert by_name["list_dir"].status == "success"
+    first = bound[0]
+    assert "file_path" in first["read_file"] and "file_path" in first["write_file"]
+    assert {"list_dir", "run_python", "echo"} <= set(first)  # the fleet's other tools
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    for clash in ("read_file", "write_file", "grep"):
+        assert sum(f"fleet's tool '{clash}'" in line for line in warned) == 1, warned
+    assert state["messages"][-1].content == "done"
