@@ -5,8 +5,10 @@ project directory the workers import from. Every other block is executed, with o
 what cannot exist here swapped for what does: a real provider's model
 (``model="provider:name"``, or the free name ``model``) becomes a scripted model, and the
 HTTP service's address and token become those of a ``toolfleet serve`` started for the
-test. A block the README marks ``<!-- readme-test: not runnable (why) -->`` on the line
-before it is skipped by name, and the list of such blocks must stay the one below.
+test. A block defining a ``graph`` it does not run (a graph file for ``toolfleet serve
+--config``) gets one turn run. A block the README marks
+``<!-- readme-test: not runnable (why) -->`` on the line before it is skipped by name,
+and the list of such blocks must stay the one below.
 
 The fleet: one worker serving the built-in toolset plus the README's own tool module,
 with the shipped policy file, on a workspace seeded with the demo's sample project.
@@ -24,15 +26,16 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.pregel import Pregel
 from pydantic import Field
 
 from orchestrator import ScriptedChatModel
-from orchestrator.demo import seed_workspace
-from orchestrator.fleet import close_all
+from orchestrator.cli.demo import seed_workspace
+from orchestrator.dispatch.fleet import close_all
 from orchestrator.local import WorkerProcess, settings_env
 from orchestrator.scripted import tool_calls_message
-from tests.conftest import REPO, fleet_settings
-from tests.serving import ServerProcess, start_server
+from tests.support.fleet import REPO, fleet_settings
+from tests.support.serving import ServerProcess, start_server
 from tool_workers.settings import Settings
 
 pytestmark = pytest.mark.timeout(180)
@@ -44,7 +47,21 @@ NOT_RUNNABLE: set[int] = set()
 _BLOCK = re.compile(r"^```python\n(?P<code>.*?)^```", re.M | re.S)
 _MARK = re.compile(r"<!-- readme-test: not runnable \((?P<why>[^)]+)\) -->\s*$")
 _FILE = re.compile(r"\A# (?P<path>[\w./-]+\.py)\n")
-_PROVIDER_MODEL = re.compile(r"""model=["'][\w-]+:[\w.\-]+["']""")
+_PROVIDERS = (
+    "openai",
+    "anthropic",
+    "azure_openai",
+    "google_genai",
+    "google_vertexai",
+    "bedrock",
+    "bedrock_converse",
+    "ollama",
+    "mistralai",
+    "groq",
+    "fireworks",
+)
+_PROVIDER_MODEL = re.compile(rf"""["'](?:{"|".join(_PROVIDERS)}):[\w.\-]+["']""")
+"""A provider's model spec as a string literal (``"openai:gpt-4o-mini"``)."""
 
 
 @dataclass(frozen=True)
@@ -196,11 +213,15 @@ def test_readme_block_runs(
     service, then it raises nothing, and every tool call the model made succeeded."""
     model = ReadmeModel()
     (token,) = readme_server.settings.api_tokens
-    code = _PROVIDER_MODEL.sub("model=model", block.code)
+    code = _PROVIDER_MODEL.sub("model", block.code)
     code = code.replace("http://127.0.0.1:8123", readme_server.url)
     code = code.replace('api_key="s3cret"', f"api_key={token!r}")
 
-    exec(compile(code, f"README.md:{block.line}", "exec"), {"model": model, "__name__": "readme"})
+    namespace: dict[str, Any] = {"model": model, "__name__": "readme"}
+    exec(compile(code, f"README.md:{block.line}", "exec"), namespace)
+    if not model.seen and isinstance(namespace.get("graph"), Pregel):
+        # A graph file (served by `toolfleet serve --config`): run one turn of its graph.
+        namespace["graph"].invoke({"messages": [("user", "Survey the workspace.")]})
 
     printed = capsys.readouterr().out
     results = [m for seen in model.seen for m in seen if isinstance(m, ToolMessage)]
