@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from langgraph.prebuilt.tool_node import TOOL_CALL_ERROR_TEMPLATE
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -213,6 +212,10 @@ HEARTBEAT = {"__toolfleet_heartbeat__": True}
 
 def error_text(exc: BaseException) -> str:
     """The message ToolNode gives the model when a tool raises."""
+    # Imported here: langgraph's prebuilt package costs a second of CPU to import, and
+    # light processes (the workers' healthcheck) read this contract without running tools.
+    from langgraph.prebuilt.tool_node import TOOL_CALL_ERROR_TEMPLATE
+
     return TOOL_CALL_ERROR_TEMPLATE.format(error=repr(exc))
 
 
