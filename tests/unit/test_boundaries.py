@@ -32,6 +32,7 @@ CONTRACT = frozenset(
         "tool_workers.app",  # the Celery app both sides build from settings
         "tool_workers.logs",  # the log line format both sides write
         "tool_workers.store",  # the LangGraph store both sides open (TOOLFLEET_STORE_URL)
+        "tool_workers.placeholders",  # the placeholder secrets every process refuses at start
     }
 )
 """The ``tool_workers`` modules the orchestrator may import."""
