@@ -1,54 +1,119 @@
-"""The worker's message consumer: a call whose message cannot be read still gets an answer.
+"""The worker's message consumer: no message, whatever its shape, stops the worker.
 
-Celery acknowledges and logs a message it cannot decode (a pickled body it refuses, a
-body that is not JSON) and stores nothing, so an orchestrator waiting for that call
-would wait forever. The task id is in the message headers even when the body is
-unreadable: this consumer records a failure for it, which the orchestrator turns into
-an error ToolMessage.
+Every message on a task queue passes :func:`tool_workers.envelope.check_message` before
+Celery's task handler sees it. A message Celery could not read safely (a body that is not
+``[args, kwargs, embed]``, a ``timelimit`` header that is not a pair, no ``id`` header,
+an undecodable body) is acknowledged, logged in one line, and, when it carries a usable
+task id, answered with a stored failure the orchestrator turns into an error
+ToolMessage. Celery's own handling of invalid messages (refused content, an unknown
+task) is kept and answered the same way. Anything Celery's handler still raises for one
+message is contained to that message: the worker keeps serving.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery.app.task import Context
 from celery.worker.consumer import Consumer
+from vine import promise
 
-from tool_workers.protocol import tool_from_task
+from tool_workers.envelope import Refusal, check_message, usable_task_id
 
 log = logging.getLogger("toolfleet.worker")
 
 
 class UnreadableCall(Exception):
-    """Raised (stored as the call's failure) when a call's message cannot be decoded."""
+    """Raised (stored as the call's failure) when a call's message cannot be read."""
 
 
 class ToolfleetConsumer(Consumer):  # type: ignore[misc]
-    """Celery's consumer, plus a failure result for toolfleet calls it cannot decode."""
+    """Celery's consumer, checking each message first and answering the ones it refuses."""
+
+    def create_task_handler(self, promise: Any = promise) -> Callable[[Any], None]:
+        """Celery's task handler, behind the message check and a per-message guard."""
+        handle = super().create_task_handler(promise)
+        connection_errors = tuple(self.connection_errors or ())
+
+        def on_task_received(message: Any) -> None:
+            refusal = check_message(message)
+            if refusal is not None:
+                self._refuse(message, refusal)
+                return
+            try:
+                handle(message)
+            except connection_errors:
+                raise  # the consumer reconnects; the message is redelivered
+            except Exception as exc:
+                headers = message.headers if isinstance(message.headers, dict) else {}
+                name = headers.get("task")
+                self._refuse(
+                    message,
+                    Refusal(
+                        f"the worker could not accept it ({type(exc).__name__})",
+                        usable_task_id(headers.get("id")),
+                        name if isinstance(name, str) else None,
+                    ),
+                )
+
+        return on_task_received
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         """A body that does not decode: Celery logs and acks it; answer the call too."""
         super().on_decode_error(message, exc)
-        self._answer_unreadable(message, exc)
+        self._answer(message, _unreadable(message, exc))
 
     def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
         """Refused content (pickle, YAML) or an invalid task message: answer the call too."""
         super().on_invalid_task(body, message, exc)
-        self._answer_unreadable(message, exc)
+        self._answer(message, _unreadable(message, exc))
 
-    def _answer_unreadable(self, message: Any, exc: Exception) -> None:
-        headers = getattr(message, "headers", None) or {}
-        task_id, name = headers.get("id"), headers.get("task")
-        if not task_id or not isinstance(name, str) or tool_from_task(name) is None:
-            return
-        reason = UnreadableCall(
-            f"the message of this call could not be read ({type(exc).__name__}: {exc}); "
-            f"content type {message.content_type!r}"
+    def _refuse(self, message: Any, refusal: Refusal) -> None:
+        # One line, naming what is wrong; never the body (it may hold secrets).
+        log.error(
+            "refused a message on the task queue (task %s, id %s): %s",
+            _short(refusal.task),
+            refusal.task_id or "unusable",
+            refusal.reason,
         )
-        # The reply channel the call was sent with, so its orchestrator hears at once.
-        request = Context(id=task_id, reply_to=(message.properties or {}).get("reply_to"))
         try:
-            self.app.backend.mark_as_failure(task_id, reason, request=request, call_errbacks=False)
+            message.ack()
+        except self.connection_errors:
+            raise
+        except Exception:  # already acknowledged, or a transport that cannot: nothing to keep
+            log.debug("could not acknowledge a refused message", exc_info=True)
+        self._answer(message, refusal)
+
+    def _answer(self, message: Any, refusal: Refusal) -> None:
+        """Store a failure for the refused call, on the reply channel it was sent with."""
+        task_id = refusal.task_id
+        if task_id is None:
+            return
+        properties = message.properties if isinstance(message.properties, dict) else {}
+        reply_to = properties.get("reply_to")
+        request = Context(id=task_id, reply_to=reply_to if isinstance(reply_to, str) else None)
+        try:
+            self.app.backend.mark_as_failure(
+                task_id, UnreadableCall(refusal.reason), request=request, call_errbacks=False
+            )
         except Exception:  # the result store may be down too; the log line stays
-            log.exception("could not record the failure of unreadable call %s", task_id)
+            log.exception("could not record the failure of refused call %s", task_id)
+
+
+def _unreadable(message: Any, exc: Exception) -> Refusal:
+    headers = message.headers if isinstance(message.headers, dict) else {}
+    name = headers.get("task")
+    return Refusal(
+        f"the message of this call could not be read ({type(exc).__name__}: {exc}); "
+        f"content type {message.content_type!r}",
+        usable_task_id(headers.get("id")),
+        name if isinstance(name, str) else None,
+    )
+
+
+def _short(value: str | None) -> str:
+    # repr: a name from the wire may hold newlines, which would forge log lines.
+    text = "unnamed" if value is None else repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."

@@ -3,36 +3,19 @@ transient failures retried by Celery."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from orchestrator import dispatcher_for
-from orchestrator.calls import PreparedCall
 from orchestrator.local import WorkerProcess
 from tests.support.fleet import FAULT_POLICY, effects, fleet_settings, worker_env
-from tool_workers.app import create_app
-from tool_workers.protocol import PROTOCOL_VERSION, call_marker_key, task_id_for, task_name
+from tests.support.wire import call_headers, direct, publish_raw, watch_only
+from tool_workers.protocol import PROTOCOL_VERSION
 from tool_workers.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def direct(tool: str, **args: Any) -> PreparedCall:
-    call_id = f"{tool}-{time.monotonic_ns()}"
-    return PreparedCall(tool=tool, call_id=call_id, args=args, task_id=task_id_for(call_id))
-
-
-def watch_only(settings: Settings, tool: str) -> tuple[Any, PreparedCall]:
-    """A call the dispatcher waits on but does not publish (the test publishes poison)."""
-    dispatcher = dispatcher_for(settings=settings)
-    call = direct(tool)
-    dispatcher._watch([call], None)
-    # Claimed as published, so the waiter does not publish it itself.
-    dispatcher._redis.set(call_marker_key(settings.key_prefix, call.task_id), "sent", ex=600)
-    return dispatcher, call
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +42,6 @@ def fleet(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield settings
 
 
-def publish_raw(settings: Settings, task_id: str, body: Any, **options: Any) -> None:
-    app = create_app(settings)
-    headers = {"task": task_name("add"), "id": task_id, "lang": "py", "argsrepr": "poison"}
-    with app.producer_or_acquire() as producer:
-        producer.publish(body, routing_key="tools", exchange="tools", headers=headers, **options)
-
-
 @pytest.mark.parametrize(
     "poison",
     [
@@ -86,7 +62,7 @@ def test_unreadable_message_is_answered_and_worker_keeps_serving(
     call normally."""
     dispatcher, call = watch_only(fleet, "add")
     body: Any = b"\x80not json{" if "serializer" not in poison else [[{"a": 1}], {}, {}]
-    publish_raw(fleet, call.task_id, body, **poison)
+    publish_raw(fleet, body, call_headers(call.task_id), **poison)
 
     result = dispatcher.wait(call, timeout=20)
     after = dispatcher.wait(direct("add", a=1, b=2), timeout=20)
@@ -118,7 +94,7 @@ def test_malformed_request_is_answered(fleet: Settings, request_body: Any, expec
     """Given a well-formed Celery message whose toolfleet request is wrong, when the worker
     runs it, then the model gets a protocol error naming what is wrong."""
     dispatcher, call = watch_only(fleet, "add")
-    publish_raw(fleet, call.task_id, [[request_body], {}, {}], serializer="json")
+    publish_raw(fleet, [[request_body], {}, {}], call_headers(call.task_id), serializer="json")
 
     result = dispatcher.wait(call, timeout=20)
 
