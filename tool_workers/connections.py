@@ -26,7 +26,8 @@ from tool_workers.settings import Settings
 
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][\w+.-]*://)(?P<user>[^:/@\s]*):(?P<secret>[^@\s]+)@")
+# A run of characters that can end in the ``@`` of a userinfo: no ``@``, no whitespace.
+_UNTIL_AT = re.compile(r"[^@\s]+")
 
 
 def uses_tls(url: str) -> bool:
@@ -89,5 +90,50 @@ def mask_secrets(text: str) -> str:
     """``text`` with the password of every ``scheme://user:password@`` in it as ``***``.
 
     User names stay (they help debugging); works on a bare URL and on a log line alike.
+    The scheme is an ASCII letter and then word characters, ``+``, ``.`` or ``-``; the
+    user has no ``:``, ``/`` or ``@``; the password is what follows up to the next ``@``.
+
+    Linear in the length of ``text``: a log line can carry a caller's long ids, and the
+    one-regex form of this (scheme, user and password in one pattern) rescans a long
+    word from each of its characters.
     """
-    return _USERINFO.sub(r"\g<scheme>\g<user>:***@", text)
+    out: list[str] = []
+    done = 0
+    for run in _UNTIL_AT.finditer(text):
+        # A password ends at an "@": only a run followed by one can hold it.
+        if text[run.end() : run.end() + 1] != "@":
+            continue
+        cut = _password_start(run.group())
+        if cut is not None:
+            out.append(text[done : run.start() + cut])
+            out.append("***")
+            done = run.end()
+    out.append(text[done:])
+    return "".join(out)
+
+
+def _is_scheme_char(char: str) -> bool:
+    return char.isalnum() or char in "_+.-"
+
+
+def _password_start(run: str) -> int | None:
+    """Where the password starts in ``run`` (text up to an "@"), or ``None`` if it has none.
+
+    Each ``://`` is tried from the left. Its scheme is the run of scheme characters just
+    before it, from its first ASCII letter; its user runs up to the first ``:`` or ``/``,
+    which must be a ``:`` followed by at least one character. Each scan stops at a ``:``
+    or ``/``, so every character is looked at a bounded number of times.
+    """
+    at = run.find("://")
+    while at >= 0:
+        start = at
+        while start > 0 and _is_scheme_char(run[start - 1]):
+            start -= 1
+        has_letter = any(c.isascii() and c.isalpha() for c in run[start:at])
+        end = at + 3
+        while end < len(run) and run[end] not in ":/":
+            end += 1
+        if has_letter and end + 1 < len(run) and run[end] == ":":
+            return end + 1
+        at = run.find("://", at + 1)
+    return None

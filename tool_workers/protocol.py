@@ -21,6 +21,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     ValidatorFunctionWrapHandler,
     field_validator,
 )
@@ -33,6 +34,15 @@ DEFAULT_QUEUE = "tools"
 
 TASK_PREFIX = "tools."
 """Every tool's Celery task is named ``tools.<tool name>``."""
+
+MAX_ID_CHARS = 256
+"""Longest tool name, call id, thread id, run id or idempotency key a worker accepts.
+
+Ids end up in log lines, Flower and Redis keys; a caller's 40,000-character thread id
+once held a pool slot for seconds while its log line was masked.
+"""
+
+_FROM_WIRE = "toolfleet_from_wire"
 
 _TASK_ID_NAMESPACE = uuid.UUID("6b1f6d2e-54a4-4c52-9e0a-6f0f3c7d2a11")
 
@@ -154,6 +164,26 @@ class TraceContext(BaseModel):
         if not found:
             return None
         return cls(**{name.replace("-", "_"): value for name, value in found.items()})
+
+    @classmethod
+    def from_wire(cls, raw: Any) -> ToolRequest:
+        """The request a worker received, with the wire's limits on its ids.
+
+        Raises:
+            pydantic.ValidationError: ``raw`` is not a request, or an id is longer than
+                :data:`MAX_ID_CHARS`.
+        """
+        return cls.model_validate(raw, context={_FROM_WIRE: True})
+
+    @field_validator("tool", "call_id", "idempotency_key", "thread_id", "run_id")
+    @classmethod
+    def _short_id(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # Only on the worker's side: a sender's own long id is refused by the worker as an
+        # error result the model reads, not raised where the call is built.
+        from_wire = bool(info.context and info.context.get(_FROM_WIRE))
+        if from_wire and value is not None and len(value) > MAX_ID_CHARS:
+            raise ValueError(f"longer than {MAX_ID_CHARS} characters ({len(value)})")
+        return value
 
 
 class Injected(BaseModel):

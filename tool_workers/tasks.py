@@ -193,7 +193,7 @@ def _decode(raw: Any, tool: str, worker: str) -> ToolRequest | ToolResult:
             worker=worker,
         )
     try:
-        return ToolRequest.model_validate(raw)
+        return ToolRequest.from_wire(raw)
     except ValidationError as exc:
         # Field locations and messages only: the input may hold secrets.
         problems = exc.errors(include_url=False, include_input=False, include_context=False)

@@ -3,6 +3,8 @@ transient failures retried by Celery."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +14,7 @@ from orchestrator import dispatcher_for
 from orchestrator.local import WorkerProcess
 from tests.support.fleet import FAULT_POLICY, effects, fleet_settings, worker_env
 from tests.support.wire import call_headers, direct, publish_raw, watch_only
-from tool_workers.protocol import PROTOCOL_VERSION
+from tool_workers.protocol import MAX_ID_CHARS, PROTOCOL_VERSION
 from tool_workers.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
@@ -141,3 +143,30 @@ def test_retries_exhausted_give_one_error(fleet: Settings, counter: Any) -> None
     assert result.status == "error"
     assert "ConnectionError('transient failure 4')" in result.content
     assert effects(counter, fleet, "flaky")[call.task_id] == 4
+
+
+@pytest.mark.parametrize("field", ["thread_id", "run_id", "call_id"])
+def test_overlong_ids_are_refused_quickly(fleet: Settings, field: str) -> None:
+    """Given a call whose id is 40,000 characters long, when a worker receives it, then
+    the model gets a protocol error naming the field, within seconds (masking the log
+    line that carries the id once held the pool slot for 8 s)."""
+    dispatcher = dispatcher_for(settings=fleet)
+    call = dataclasses.replace(direct("add", a=1, b=2), **{field: "t" * 40_000})
+
+    started = time.monotonic()
+    result = dispatcher.wait(call, timeout=30)
+
+    assert result.status == "error" and result.error_kind == "protocol", result
+    assert field in result.content and f"longer than {MAX_ID_CHARS}" in result.content
+    assert time.monotonic() - started < 5
+
+
+def test_overlong_tool_name_is_refused(fleet: Settings) -> None:
+    dispatcher, call = watch_only(fleet, "add")
+    request = {"tool": "a" * 1_000, "call_id": "c", "idempotency_key": "k", "args": {}}
+
+    publish_raw(fleet, [[request], {}, {}], call_headers(call.task_id), serializer="json")
+    result = dispatcher.wait(call, timeout=20)
+
+    assert result.status == "error" and result.error_kind == "protocol"
+    assert "tool" in result.content and f"longer than {MAX_ID_CHARS}" in result.content

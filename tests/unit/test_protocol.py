@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from tool_workers.protocol import (
+    MAX_ID_CHARS,
     PROTOCOL_VERSION,
     TASK_PREFIX,
     ToolRequest,
@@ -142,3 +143,18 @@ def test_given_error_kind_and_message_when_error_built_then_error_status_and_ext
 def test_given_unknown_error_kind_when_error_built_then_refused() -> None:
     with pytest.raises(ValidationError):
         ToolResult.error("nonsense", "x")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("field", ["tool", "call_id", "idempotency_key", "thread_id", "run_id"])
+def test_a_worker_refuses_an_overlong_id(field: str) -> None:
+    """Given a request with an id one character over the limit, when a worker reads it,
+    then it is refused naming the field; at the limit, and when built by a sender, it is
+    accepted (the worker answers the sender with an error result)."""
+    wire = request().model_dump(mode="json")
+
+    with pytest.raises(ValidationError) as refused:
+        ToolRequest.from_wire({**wire, field: "x" * (MAX_ID_CHARS + 1)})
+
+    assert refused.value.errors()[0]["loc"] == (field,)
+    assert ToolRequest.from_wire({**wire, field: "x" * MAX_ID_CHARS})
+    assert ToolRequest.model_validate({**wire, field: "x" * (MAX_ID_CHARS + 1)})
