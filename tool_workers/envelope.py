@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tool_workers.protocol import TASK_PREFIX, tool_from_task
+
 MAX_TASK_ID_CHARS = 200
 """A task id longer than this (toolfleet's are 36-character UUIDs) is not used as a key."""
 
@@ -77,6 +79,10 @@ def check_message(message: Any) -> Refusal | None:
         )
     if task is None:
         return refuse("the 'task' header is missing or not a string (task protocol 2 only)")
+    if tool_from_task(task) is None:
+        # Celery registers its own tasks (celery.chord_unlock, celery.backend_cleanup,
+        # celery.accumulate, ...) in every worker; a tool worker runs tool calls only.
+        return refuse(f"the task is not a tool call ({TASK_PREFIX}<tool>); it was not run")
     problem = _header_problem(headers)
     if problem is not None:
         return refuse(problem)

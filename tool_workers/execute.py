@@ -147,7 +147,7 @@ def _invoke(tool: BaseTool, call: dict[str, Any], config: RunnableConfig) -> Any
 
 def _to_result(name: str, output: Any, limits: Limits, **timing: Any) -> ToolResult:
     if isinstance(output, Command):
-        return _command_result(name, output, **timing)
+        return _command_result(name, output, limits, **timing)
     if not isinstance(output, ToolMessage):
         return ToolResult.error(
             "bad_result",
@@ -157,7 +157,7 @@ def _to_result(name: str, output: Any, limits: Limits, **timing: Any) -> ToolRes
         )
     content = msg_content_output(output.content)
     try:
-        json_size(output.artifact)
+        artifact_bytes = 0 if output.artifact is None else json_size(output.artifact)
     except (TypeError, ValueError) as exc:
         return ToolResult.error(
             "bad_result",
@@ -165,7 +165,16 @@ def _to_result(name: str, output: Any, limits: Limits, **timing: Any) -> ToolRes
             " Please fix your mistakes.",
             **timing,
         )
-    truncated = _truncate(content, limits.max_result_bytes)
+    if artifact_bytes > limits.max_result_bytes:
+        # An artifact cannot be cut like text: refused whole, before it crosses the wire.
+        return ToolResult.error(
+            "too_large",
+            f"Error: the artifact of '{name}' is {artifact_bytes} bytes, over the limit of "
+            f"{limits.max_result_bytes} bytes.\n Please fix your mistakes.",
+            **timing,
+        )
+    # Content and artifact share the limit: the content gets what the artifact leaves.
+    truncated = _truncate(content, limits.max_result_bytes - artifact_bytes)
     if truncated is None:
         return ToolResult.error(
             "too_large",
@@ -182,7 +191,7 @@ def _to_result(name: str, output: Any, limits: Limits, **timing: Any) -> ToolRes
     )
 
 
-def _command_result(name: str, command: Command[Any], **timing: Any) -> ToolResult:
+def _command_result(name: str, command: Command[Any], limits: Limits, **timing: Any) -> ToolResult:
     """A tool's ``Command`` as JSON: ``update`` (messages included) and ``goto``."""
     if command.graph is not None or command.resume is not None:
         return ToolResult.error(
@@ -204,6 +213,14 @@ def _command_result(name: str, command: Command[Any], **timing: Any) -> ToolResu
         update = to_wire(command.update, "Command.update")
     except NotJSONError as exc:
         return ToolResult.error("bad_result", f"Error: tool '{name}' returned {exc}.", **timing)
+    update_bytes = json_size(update)
+    if update_bytes > limits.max_result_bytes:
+        return ToolResult.error(
+            "too_large",
+            f"Error: the Command update of '{name}' is {update_bytes} bytes, over the limit "
+            f"of {limits.max_result_bytes} bytes.\n Please fix your mistakes.",
+            **timing,
+        )
     return ToolResult(
         command={"update": update, "goto": goto if isinstance(goto, str) else list(names)},
         content="",

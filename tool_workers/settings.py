@@ -63,7 +63,11 @@ class ToolPolicy(BaseModel):
     max_arg_bytes: int | None = None
     """Refuse calls whose JSON arguments exceed this size (``None``: the global limit)."""
     max_result_bytes: int | None = None
-    """Truncate results whose content exceeds this size (``None``: the global limit)."""
+    """Largest result: content is truncated to it, a larger artifact or Command update is
+    refused (``None``: the global limit)."""
+    max_read_bytes: int = Field(default=1_000_000, gt=0)
+    """For file-reading tools (the built-in ``read_file``): most bytes of a file one call
+    reads and returns."""
     idle_timeout: float | None = Field(default=None, gt=0)
     """Seconds a started call may report no progress (events or heartbeats) before it is
     treated as hung: revoked, and the model gets an error."""
@@ -167,7 +171,8 @@ class Settings(BaseSettings):
     max_arg_bytes: int = Field(default=1_000_000, gt=0)
     """Largest JSON size of one call's arguments."""
     max_result_bytes: int = Field(default=1_000_000, gt=0)
-    """Largest size of one result's content; larger ones are truncated with a note."""
+    """Largest size of one result: content and artifact together. Content over it is
+    truncated with a note; an artifact (or a Command update) over it is refused."""
     prefetch_multiplier: int = Field(default=1, ge=0)
     """Messages a worker process reserves ahead (1 keeps long calls from queueing behind)."""
     redelivery_margin: float = Field(default=30.0, ge=0)

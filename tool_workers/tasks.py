@@ -116,6 +116,20 @@ def _register(app: Celery, tool: BaseTool, settings: Settings, policy: ToolPolic
         request = _decode(raw, tool.name, worker)
         if isinstance(request, ToolResult):
             return request.model_dump(mode="json")
+        if request.tool != tool.name:
+            # The task name routed the call here; a request naming another tool is not
+            # run as this one.
+            log.error(
+                "refused call %s: the task is %s, its request names another tool",
+                self.request.id,
+                tool.name,
+            )
+            return ToolResult.error(
+                "protocol",
+                f"Error: the call to '{tool.name}' names another tool in its request "
+                f"({request.tool!r}); it was not run.\n Please fix your mistakes.",
+                worker=worker,
+            ).model_dump(mode="json")
 
         attempt = self.request.retries + 1
         refusal = _check_delivery(self, key_prefix, expires, attempt, tool.name, policy, worker)

@@ -4,6 +4,7 @@ transient failures retried by Celery."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +14,14 @@ import pytest
 from orchestrator import dispatcher_for
 from orchestrator.local import WorkerProcess
 from tests.support.fleet import FAULT_POLICY, effects, fleet_settings, worker_env
-from tests.support.wire import call_headers, direct, publish_raw, watch_only
+from tests.support.wire import (
+    call_headers,
+    direct,
+    publish_raw,
+    stored_meta,
+    wait_stored,
+    watch_only,
+)
 from tool_workers.protocol import MAX_ID_CHARS, PROTOCOL_VERSION
 from tool_workers.settings import Settings
 
@@ -170,3 +178,59 @@ def test_overlong_tool_name_is_refused(fleet: Settings) -> None:
 
     assert result.status == "error" and result.error_kind == "protocol"
     assert "tool" in result.content and f"longer than {MAX_ID_CHARS}" in result.content
+
+
+def test_oversize_artifact_is_refused_before_it_crosses(fleet: Settings) -> None:
+    """Given a result limit of 500 bytes, when a tool returns a 20 kB artifact, then the
+    model gets a too_large error and the stored result is small (it used to cross)."""
+    dispatcher = dispatcher_for(settings=fleet)
+    call = direct("with_artifact", n=2_000)
+
+    result = dispatcher.wait(call, timeout=20)
+
+    assert result.status == "error" and result.error_kind == "too_large", result
+    assert "artifact" in result.content and result.artifact is None
+    meta = stored_meta(fleet, call.task_id)
+    assert meta is not None and len(json.dumps(meta)) < 2_000
+
+
+def test_request_naming_another_tool_is_refused(fleet: Settings, counter: Any) -> None:
+    """Given a tools.add message whose request names the tool 'touch', when the worker
+    receives it, then nothing runs and the waiter gets a protocol error."""
+    dispatcher, call = watch_only(fleet, "add")
+    request = {
+        "tool": "touch",
+        "call_id": "c",
+        "idempotency_key": call.task_id,
+        "args": {"tag": "mismatch"},
+    }
+
+    publish_raw(fleet, [[request], {}, {}], call_headers(call.task_id), serializer="json")
+    result = dispatcher.wait(call, timeout=20)
+
+    assert result.status == "error" and result.error_kind == "protocol", result
+    assert "names another tool" in result.content
+    assert effects(counter, fleet, "touch") == {}
+
+
+@pytest.mark.parametrize(
+    ("task", "args"),
+    [
+        ("celery.accumulate", [1, 2]),
+        ("celery.backend_cleanup", []),
+        ("celery.chord_unlock", ["group-id", {"task": "tools.add"}]),
+        ("celery.chain", []),
+    ],
+)
+def test_celery_builtin_tasks_are_refused(fleet: Settings, task: str, args: list[Any]) -> None:
+    """Given a message for one of Celery's own tasks on the tools queue, when a worker
+    receives it, then the task does not run and its id gets a stored failure."""
+    task_id = direct("add").task_id
+    headers = {**call_headers(task_id), "task": task}
+
+    publish_raw(fleet, [args, {}, {}], headers, serializer="json")
+    meta = wait_stored(fleet, task_id)
+
+    assert meta["status"] == "FAILURE", meta
+    assert meta["result"]["exc_type"] == "UnreadableCall"
+    assert "not a tool call" in str(meta["result"]["exc_message"])

@@ -26,6 +26,7 @@ from tests.support.fleet import (
     started_calls,
     wait_until,
 )
+from tool_workers.builtin.workspace import GREP_MATCH_SECONDS
 from tool_workers.protocol import task_id_for
 from tool_workers.settings import Settings
 
@@ -133,3 +134,31 @@ def test_cancelled_async_run_revokes_its_calls(
     assert {result_state(settings, t) for t in dispatched} == {"REVOKED"}
     assert effects(counter, settings, "slow_effect") == {}
     assert dispatcher.in_flight() == 0
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_catastrophic_grep_pattern_is_stopped_on_any_pool(
+    pool: str, make_settings: Callable[..., Settings], start_worker: Callable[..., Any]
+) -> None:
+    """Given the built-in grep and a pattern that backtracks without end, when called on
+    either pool, then it stops after grep's matching budget with an error naming the
+    pattern (before, it ran to the hard time limit, and forever on the threads pool), and
+    the worker serves the next call."""
+    settings = make_settings(tool_modules=())
+    settings.workspace_root.mkdir(parents=True, exist_ok=True)
+    (settings.workspace_root / "a.txt").write_text("a" * 40 + "!\n")
+    start_worker(settings, pool=pool, concurrency=2)
+    dispatcher = dispatcher_for(settings=settings)
+
+    t0 = time.monotonic()
+    result = dispatcher.wait(direct("grep", pattern=r"(a|aa)+$"), timeout=60)
+    took = time.monotonic() - t0
+    after = dispatcher.wait(direct("grep", pattern="a+!"), timeout=30)
+
+    assert result.status == "error" and f"took more than {GREP_MATCH_SECONDS:g} s" in (
+        result.content
+    ), result
+    # The regex package counts the budget loosely on a loaded machine; the point is that
+    # it stops well before the test policy's 60 s hard limit.
+    assert took < 40, took
+    assert after.status == "success" and "a.txt:1:" in after.content

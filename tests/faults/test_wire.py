@@ -194,7 +194,12 @@ _bodies = st.one_of(
 # Strings here never parse as a date, so no message is scheduled for later.
 _not_a_date = st.one_of(st.none(), st.integers(), st.sampled_from(["soon", "", "2026-13-45"]))
 _header_values: dict[str, Any] = {
-    "task": st.one_of(_json, st.sampled_from(["tools.add", "tools.no_such_tool", "add"])),
+    "task": st.one_of(
+        _json,
+        st.sampled_from(
+            ["tools.add", "tools.no_such_tool", "add", "celery.accumulate", "celery.chord_unlock"]
+        ),
+    ),
     "timelimit": _json,
     "retries": _json,
     "eta": _not_a_date,

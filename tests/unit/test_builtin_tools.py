@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 
 from tool_workers.builtin import get_tools
 from tool_workers.builtin.sandbox import sandbox_tools
+from tool_workers.builtin.workspace import workspace_tools
 from tool_workers.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -190,6 +192,55 @@ def test_given_missing_file_or_directory_when_read_then_clear_error(
         call(tools["read_file"], path=".")
 
 
+def test_given_a_huge_one_line_file_when_read_then_memory_stays_small(
+    tools: dict[str, BaseTool], root: Path
+) -> None:
+    """A 50 MB file without a newline is read in bounded pieces (a 400 MB one used to be
+    read whole, tripling the pool process's memory)."""
+    with (root / "huge.txt").open("wb") as f:
+        for _ in range(50):
+            f.write(b"z" * 1_000_000)
+
+    tracemalloc.start()
+    try:
+        out = call(tools["read_file"], path="huge.txt")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+    assert out == "     1\t" + "z" * 2000 + "... [line cut at 2000 chars]"
+    assert peak < 5_000_000, peak
+
+
+def test_given_byte_cap_when_read_then_stops_there_and_offset_reads_on(root: Path) -> None:
+    root.mkdir()
+    tools = {t.name: t for t in workspace_tools(root, max_read_bytes=1000)}
+    (root / "f.txt").write_text("".join(f"{i:099d}\n" for i in range(1, 31)))  # 100 B each
+
+    first = call(tools["read_file"], path="f.txt").splitlines()
+    rest = call(tools["read_file"], path="f.txt", offset=10).splitlines()
+
+    assert len(first) == 11 and first[9].startswith("    10\t")
+    assert "cap is 1000 bytes" in first[10] and "offset=10" in first[10]
+    assert rest[0].startswith("    11\t")
+
+
+def test_given_read_file_policy_when_tools_built_then_its_cap_wins(
+    root: Path, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        "[defaults]\nmax_read_bytes = 10000\n[tools.read_file]\nmax_read_bytes = 300\n"
+    )
+    settings = Settings(workspace_root=root, config=policy)
+    tools = {t.name: t for t in get_tools(settings)}
+    (root / "f.txt").write_text("".join(f"{i:099d}\n" for i in range(1, 31)))
+
+    lines = call(tools["read_file"], path="f.txt").splitlines()
+
+    assert len(lines) == 4 and "cap is 300 bytes" in lines[3]
+
+
 # --- list_dir ---------------------------------------------------------------------------
 
 
@@ -270,6 +321,22 @@ def test_given_invalid_regex_when_grepping_then_helpful_value_error(
 ) -> None:
     with pytest.raises(ValueError, match=r"invalid regular expression '\(unclosed'"):
         call(tools["grep"], pattern="(unclosed")
+
+
+def test_given_catastrophic_pattern_when_grepping_then_stopped_within_its_budget(
+    root: Path,
+) -> None:
+    """A pattern that backtracks without end stops after the grep's matching budget with
+    an error naming the pattern (it ran to the hard limit, and forever on threads)."""
+    root.mkdir()
+    (root / "a.txt").write_text("a" * 40 + "!\n")
+    grep = {t.name: t for t in workspace_tools(root, grep_seconds=0.5)}["grep"]
+
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"took more than 0.5 s to match"):
+        call(grep, pattern=r"(a|aa)+$")
+
+    assert time.monotonic() - started < 5
 
 
 # --- write_file -------------------------------------------------------------------------

@@ -77,6 +77,12 @@ def big(size: int) -> str:
     return "y" * size
 
 
+@tool(response_format="content_and_artifact")
+def big_with_rows(size: int) -> tuple[str, dict[str, Any]]:
+    """Return ``size`` bytes of content and a 20-byte artifact."""
+    return "y" * size, {"rows": [0, 1, 2, 3, 4]}
+
+
 # --- success ----------------------------------------------------------------------------
 
 
@@ -188,6 +194,27 @@ def test_given_string_result_over_limit_when_run_then_truncated_with_note() -> N
 def test_given_string_result_at_limit_when_run_then_untouched() -> None:
     result = run_call(big, request(big, size=10), limits=Limits(max_result_bytes=10))
     assert result.content == "y" * 10
+
+
+def test_given_artifact_over_result_limit_when_run_then_too_large_and_nothing_of_it_sent() -> None:
+    """A 5 MB artifact under a 100 kB limit is refused whole (it used to cross)."""
+    result = run_call(query, request(query, n=700_000), limits=Limits(max_result_bytes=100_000))
+
+    assert result.status == "error" and result.error_kind == "too_large"
+    assert "artifact" in str(result.content) and "100000 bytes" in str(result.content)
+    assert result.artifact is None
+    assert len(result.model_dump_json()) < 1_000
+
+
+def test_given_artifact_within_limit_when_run_then_content_gets_what_it_leaves() -> None:
+    limits = Limits(max_result_bytes=60)
+    # {"rows":[0,1,2,3,4]} is 20 bytes: the content keeps 40 of "n rows" padded.
+    result = run_call(query, request(query, n=5), limits=limits)
+
+    assert result.status == "success" and result.artifact == {"rows": [0, 1, 2, 3, 4]}
+    assert result.content == "5 rows"
+    padded = run_call(big_with_rows, request(big_with_rows, size=100), limits=limits)
+    assert padded.content == "y" * 40 + TRUNCATION_NOTE.format(size=100, limit=40)
 
 
 # --- the call context -------------------------------------------------------------------

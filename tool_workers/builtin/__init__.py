@@ -34,7 +34,8 @@ def get_tools(settings: Settings) -> list[BaseTool]:
     """Build every built-in tool for ``settings.workspace_root``.
 
     Args:
-        settings: The worker's settings; only ``workspace_root`` is read.
+        settings: The worker's settings: ``workspace_root``, and the policy file (the
+            ``max_read_bytes`` of ``read_file``).
 
     Returns:
         ``read_file``, ``list_dir``, ``grep``, ``write_file``, ``run_python``, ``sleep``
@@ -42,11 +43,13 @@ def get_tools(settings: Settings) -> list[BaseTool]:
 
     Raises:
         OSError: the workspace root cannot be created.
+        ConfigError: the policy file is invalid.
     """
     root = settings.workspace_root.expanduser()
     root.mkdir(parents=True, exist_ok=True)
+    max_read_bytes = settings.policies().for_tool("read_file").max_read_bytes
     return [
-        *workspace_tools(root.resolve(strict=True)),
+        *workspace_tools(root.resolve(strict=True), max_read_bytes=max_read_bytes),
         *sandbox_tools(),
         *diagnostic_tools(),
     ]

@@ -10,13 +10,14 @@ confinement keeps a model's mistakes inside the workspace; it is not a security 
 from __future__ import annotations
 
 import os
-import re
 import tempfile
+import time
 from collections.abc import Iterator
 from fnmatch import fnmatch
-from itertools import islice
 from pathlib import Path
+from typing import BinaryIO
 
+import regex
 from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import BaseModel, Field
 
@@ -25,6 +26,14 @@ __all__ = ["resolve_in_root", "workspace_tools"]
 MAX_LIST_ENTRIES = 500
 MAX_LINE_CHARS = 2000
 MAX_GREP_FILE_BYTES = 5_000_000
+DEFAULT_MAX_READ_BYTES = 1_000_000
+"""Most bytes of a file one ``read_file`` call reads into memory and returns."""
+GREP_MATCH_SECONDS = 5.0
+"""Matching time one ``grep`` call may spend: a catastrophic pattern stops there, on any
+pool (the threads pool ignores time limits)."""
+# A line is read at most this far (UTF-8 takes up to 4 bytes a character); the rest of a
+# longer line is skipped, never held in memory.
+_MAX_LINE_BYTES = 4 * MAX_LINE_CHARS
 _SNIFF_BYTES = 8192
 # Version-control metadata and bytecode caches are noise in nearly every search.
 _GREP_SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__"})
@@ -60,6 +69,15 @@ def _is_binary(path: Path) -> bool:
 
 def _clip(line: str, limit: int = MAX_LINE_CHARS) -> str:
     return line if len(line) <= limit else f"{line[:limit]}... [line cut at {limit} chars]"
+
+
+def _lines(f: BinaryIO) -> Iterator[tuple[bytes, int]]:
+    """Each line's first bytes (at most ``_MAX_LINE_BYTES``) and its full length."""
+    while head := f.readline(_MAX_LINE_BYTES):
+        size, tail = len(head), head
+        while not tail.endswith(b"\n") and (tail := f.readline(_MAX_LINE_BYTES)):
+            size += len(tail)
+        yield head, size
 
 
 def _walk(top: Path) -> Iterator[Path]:
@@ -98,11 +116,18 @@ class WriteFileArgs(BaseModel):
     content: str = Field(description="The complete new text of the file (UTF-8).")
 
 
-def workspace_tools(root: Path) -> list[BaseTool]:
+def workspace_tools(
+    root: Path,
+    *,
+    max_read_bytes: int = DEFAULT_MAX_READ_BYTES,
+    grep_seconds: float = GREP_MATCH_SECONDS,
+) -> list[BaseTool]:
     """Build the workspace tools ``read_file``, ``list_dir``, ``grep`` and ``write_file``.
 
     Args:
         root: The workspace root; it must exist. It is resolved here.
+        max_read_bytes: Most bytes of a file one ``read_file`` call reads and returns.
+        grep_seconds: Matching time one ``grep`` call may spend.
 
     Returns:
         The four tools, each confined to ``root``.
@@ -120,25 +145,31 @@ def workspace_tools(root: Path) -> list[BaseTool]:
                 f"{_rel(root, target)} looks like a binary file ({target.stat().st_size} "
                 "bytes); read_file only shows text files."
             )
-        with target.open(encoding="utf-8", errors="replace") as f:
-            # One line past the slice tells whether the file goes on.
-            lines = list(islice(f, offset, offset + limit + 1))
-        if not lines:
-            with target.open(encoding="utf-8", errors="replace") as f:
-                total = sum(1 for _ in f)
-            if total == 0:
+        shown: list[str] = []
+        budget = max_read_bytes
+        seen = 0
+        with target.open("rb") as f:
+            for seen, (head, size) in enumerate(_lines(f), start=1):
+                if seen <= offset:
+                    continue
+                capped = len(head) > budget and bool(shown)
+                if len(shown) == limit or capped:
+                    end = seen - 1
+                    cause = f" (read_file's cap is {max_read_bytes} bytes)" if capped else ""
+                    shown.append(
+                        f"[lines {offset + 1}-{end} shown{cause}; the file continues: "
+                        f"call read_file with offset={end} to read more]"
+                    )
+                    return "\n".join(shown)
+                budget -= min(len(head), budget)
+                line = head.decode("utf-8", errors="replace").rstrip("\n").removesuffix("\r")
+                if size > len(head) or len(line) > MAX_LINE_CHARS:
+                    line = f"{line[:MAX_LINE_CHARS]}... [line cut at {MAX_LINE_CHARS} chars]"
+                shown.append(f"{seen:6}\t{line}")
+        if not shown:
+            if seen == 0:
                 return f"{_rel(root, target)} is empty."
-            return f"{_rel(root, target)} has {total} lines; offset {offset} is past the end."
-        shown = [
-            f"{number:6}\t{_clip(line.rstrip(chr(10)))}"
-            for number, line in enumerate(lines[:limit], start=offset + 1)
-        ]
-        if len(lines) > limit:
-            end = offset + limit
-            shown.append(
-                f"[lines {offset + 1}-{end} shown; the file continues: "
-                f"call read_file with offset={end} to read more]"
-            )
+            return f"{_rel(root, target)} has {seen} lines; offset {offset} is past the end."
         return "\n".join(shown)
 
     def list_dir(path: str = ".") -> str:
@@ -178,8 +209,9 @@ def workspace_tools(root: Path) -> list[BaseTool]:
 
     def grep(pattern: str, path: str = ".", glob: str | None = None, max_matches: int = 200) -> str:
         try:
-            regex = re.compile(pattern)
-        except re.error as exc:
+            # The regex package (re's syntax) can stop a match that runs too long.
+            compiled = regex.compile(pattern)
+        except regex.error as exc:
             raise ValueError(
                 f"invalid regular expression {pattern!r}: {exc}. The pattern is Python `re` "
                 "syntax; escape special characters such as ( [ . * + ? with a backslash."
@@ -189,13 +221,23 @@ def workspace_tools(root: Path) -> list[BaseTool]:
             raise FileNotFoundError(f"no file or directory {path!r} in the workspace")
         matches: list[str] = []
         skipped = 0
+        deadline = time.monotonic() + grep_seconds
         for rel, file in _files_under(target, glob):
             if file.stat().st_size > MAX_GREP_FILE_BYTES or _is_binary(file):
                 skipped += 1
                 continue
             with file.open(encoding="utf-8", errors="replace") as f:
                 for lineno, line in enumerate(f, start=1):
-                    if not regex.search(line):
+                    try:
+                        found = compiled.search(line, timeout=max(deadline - time.monotonic(), 0))
+                    except TimeoutError:
+                        # Not a TimeoutError out of the tool: policies retry those.
+                        raise ValueError(
+                            f"the pattern {pattern!r} took more than {grep_seconds:g} s to "
+                            f"match (in {rel}, line {lineno}); nested repetition such as "
+                            "(a+)+ backtracks without end: simplify the pattern"
+                        ) from None
+                    if not found:
                         continue
                     matches.append(f"{rel}:{lineno}: {_clip(line.rstrip(), 500)}")
                     if len(matches) == max_matches:
