@@ -297,6 +297,16 @@ def run_marker_key(key_prefix: str, task_id: str) -> str:
     return f"{key_prefix}started:{task_id}"
 
 
+def revoked_key(key_prefix: str, task_id: str) -> str:
+    """Redis key set when a call is cancelled: a worker starting it later does not run it.
+
+    Celery's revoke is a broadcast to the workers alive at that moment; this record
+    outlives it (for at least the result lifetime), so a worker that was down, or starts
+    after the cancellation, still refuses the call.
+    """
+    return f"{key_prefix}revoked:{task_id}"
+
+
 def worker_registry_key(key_prefix: str, worker: str) -> str:
     """Redis key where one worker publishes the tools it serves."""
     return f"{key_prefix}workers:{worker}"

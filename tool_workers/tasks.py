@@ -27,6 +27,7 @@ from tool_workers.protocol import (
     ToolResult,
     ToolSpec,
     error_text,
+    revoked_key,
     run_marker_key,
     task_name,
 )
@@ -230,24 +231,37 @@ def _check_delivery(
     policy: ToolPolicy,
     worker: str,
 ) -> dict[str, Any] | None:
-    """Count this start; refuse a redelivery that must not run (returns the result to give).
+    """Count this start; refuse a cancelled call, or a redelivery that must not run
+    (returns the result to give).
 
-    Every start of a call increments a counter. Celery retries raise the attempt number,
+    A call cancelled by the orchestrator has a revocation record
+    (:func:`~tool_workers.protocol.revoked_key`); it is answered ``cancelled`` and never
+    run. Every start of a call increments a counter. Celery retries raise the attempt number,
     so ``starts - attempt`` is how many times a worker died under this call.
     """
     task_id = task.request.id
     backend = task.backend
     key = run_marker_key(key_prefix, task_id)
     started = {"pid": os.getpid(), "hostname": worker}
-    # One round trip: count the start and record (and announce) STARTED.
+    # One round trip: count the start, read whether the call was cancelled, and record
+    # (and announce) STARTED.
     with backend.client.pipeline(transaction=False) as pipe:
         pipe.incr(key)
         pipe.expire(key, expires)
+        pipe.exists(revoked_key(key_prefix, task_id))
         if isinstance(backend, ToolfleetRedisBackend):
             backend.store_in(pipe, task_id, started, states.STARTED, request=task.request)
-        starts = pipe.execute()[0]
+        starts, _, revoked, *_ = pipe.execute()
     if not isinstance(backend, ToolfleetRedisBackend):
         backend.store_result(task_id, started, states.STARTED, request=task.request)
+    if revoked:
+        # Cancelled while no live worker heard Celery's revoke broadcast.
+        log.warning("call %s to %s was cancelled before it started; not running it", task_id, tool)
+        return ToolResult.error(
+            "cancelled",
+            f"Error: the call to '{tool}' was cancelled before it started, and was not run.",
+            worker=worker,
+        ).model_dump(mode="json")
     crashes = int(starts) - attempt
     if crashes <= 0:
         return None

@@ -41,7 +41,7 @@ from orchestrator.dispatch.watch import StateCallback
 from orchestrator.messages import hung_text
 from tool_workers.connections import redis_client, redis_connection_kwargs
 from tool_workers.errors import ConfigError, DispatchError, ResultTimeout
-from tool_workers.protocol import ToolResult, ToolSpec, placement_key, reply_channel
+from tool_workers.protocol import ToolResult, ToolSpec, placement_key, reply_channel, revoked_key
 from tool_workers.settings import Settings, ToolPolicies
 
 log = logging.getLogger("toolfleet.dispatch")
@@ -375,6 +375,16 @@ class CeleryDispatcher:
             await asyncio.shield(asyncio.wrap_future(revoking))
 
     def _revoke(self, ids: list[str], terminate: bool) -> None:
+        # Recorded before the broadcast: a worker that misses the broadcast (down, or
+        # started later) reads this before it starts the call, and does not run it.
+        try:
+            with self._redis.pipeline(transaction=False) as pipe:
+                for task_id in ids:
+                    key = revoked_key(self.settings.key_prefix, task_id)
+                    pipe.set(key, "1", ex=self.settings.result_expires)
+                pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("could not record the revocation of %d call(s): %r", len(ids), exc)
         try:
             self.app.control.revoke(ids, terminate=terminate, signal="SIGTERM")
         except Exception as exc:  # revocation is best effort; the run is ending anyway

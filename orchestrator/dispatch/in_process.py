@@ -63,6 +63,7 @@ class InProcessDispatcher:
         """Task ids :meth:`cancel` was asked to revoke."""
         self.placements: list[PlacementTable] = []
         """Every tool placement :meth:`note_placement` was given."""
+        self._revoked: set[str] = set()
 
     def served_tools(self, *, fresh: bool = False) -> Mapping[str, ToolSpec]:
         """Every tool given to the constructor."""
@@ -88,7 +89,13 @@ class InProcessDispatcher:
                     continue
                 self.published[call.task_id] += 1
                 self._calls[call.task_id] = call
-                self._futures[call.task_id] = self._pool.submit(self._run, call)
+                if call.task_id in self._revoked:
+                    # Cancelled before it was sent: answered, never run (as a worker does).
+                    done: concurrent.futures.Future[ToolResult] = concurrent.futures.Future()
+                    done.set_result(_cancelled(call))
+                    self._futures[call.task_id] = done
+                else:
+                    self._futures[call.task_id] = self._pool.submit(self._run, call)
 
     async def submit_async(self, call: PreparedCall, on_state: StateCallback | None = None) -> None:
         """Start ``call`` (async flavour of :meth:`submit`)."""
@@ -100,6 +107,9 @@ class InProcessDispatcher:
             return self._calls.get(task_id)
 
     def _run(self, call: PreparedCall) -> ToolResult:
+        with self._lock:
+            if call.task_id in self._revoked:
+                return _cancelled(call)
         tool = self._tools.get(call.tool)
         if tool is None:
             return ToolResult.error("unknown_tool", not_served_there_text(call.tool))
@@ -133,10 +143,15 @@ class InProcessDispatcher:
             raise ResultTimeout(f"no result for {call.tool} call {call.call_id}") from exc
 
     def cancel(self, calls: Sequence[PreparedCall], terminate: bool = True) -> None:
-        """Forget the calls (a running thread cannot be stopped; its result is dropped)."""
+        """Forget the calls (a running thread cannot be stopped; its result is dropped).
+
+        A cancelled call that has not started never runs: submitted again (a resumed
+        run), it is answered ``cancelled``, as a worker answers it.
+        """
         with self._lock:
             for call in calls:
                 self.cancelled.append(call.task_id)
+                self._revoked.add(call.task_id)
                 future = self._futures.pop(call.task_id, None)
                 self._calls.pop(call.task_id, None)
                 if future is not None:
@@ -154,3 +169,11 @@ class InProcessDispatcher:
     def close(self) -> None:
         """Stop the thread pool."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _cancelled(call: PreparedCall) -> ToolResult:
+    return ToolResult.error(
+        "cancelled",
+        f"Error: the call to '{call.tool}' was cancelled before it started, and was not run.",
+        worker="in-process",
+    )

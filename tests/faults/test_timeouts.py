@@ -18,6 +18,7 @@ from orchestrator import (
     with_deadline,
 )
 from orchestrator.calls import PreparedCall
+from orchestrator.dispatch import CeleryDispatcher
 from tests.support.fleet import (
     call_states,
     effects,
@@ -26,6 +27,7 @@ from tests.support.fleet import (
     started_calls,
     wait_until,
 )
+from tool_workers.app import create_app
 from tool_workers.builtin.workspace import GREP_MATCH_SECONDS
 from tool_workers.protocol import task_id_for
 from tool_workers.settings import Settings
@@ -162,3 +164,30 @@ def test_catastrophic_grep_pattern_is_stopped_on_any_pool(
     # it stops well before the test policy's 60 s hard limit.
     assert took < 40, took
     assert after.status == "success" and "a.txt:1:" in after.content
+
+
+def test_call_cancelled_while_no_worker_is_up_never_runs(
+    fault_settings: Callable[..., Settings], start_worker: Callable[..., Any], counter: Any
+) -> None:
+    """Given a non-idempotent call published and then cancelled while no worker is up
+    (Celery's revoke broadcast reaches nobody), when a worker starts, then the call never
+    runs and a waiter that re-attaches to it (a resumed orchestrator) gets a cancelled
+    result."""
+    settings = fault_settings()
+    first = CeleryDispatcher(create_app(settings), settings)
+    call = direct("charge", amount=5)
+    try:
+        first.submit([call])
+        first.cancel([call])
+    finally:
+        first.close()
+
+    start_worker(settings, pool="prefork", concurrency=1)
+    waiter = dispatcher_for(settings=settings)
+    result = waiter.wait(call, timeout=30)
+    after = waiter.wait(direct("charge", amount=1), timeout=30)
+
+    assert result.status == "error" and result.error_kind == "cancelled", result
+    assert "was not run" in result.content
+    assert after.content == "charged 1 (run 1)"
+    assert call.task_id not in effects(counter, settings, "charge")

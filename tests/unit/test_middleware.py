@@ -583,3 +583,27 @@ def test_given_graphs_without_thread_or_message_ids_when_two_runs_call_0_then_ea
     # Then each call ran for its own run: nobody got another run's result
     assert [[m.content for m in a] for a in answers] == [["first user"], ["second user"]]
     assert len(dispatcher.published) == 2 and set(dispatcher.published.values()) == {1}
+
+
+def test_in_process_call_cancelled_before_it_starts_never_runs() -> None:
+    """Given a call cancelled before it was submitted (as a run cancelled while its
+    worker was down), when it is submitted again, then it is answered cancelled and the
+    tool never runs, as a worker reading the revocation record answers it."""
+    ran: list[int] = []
+
+    @tool
+    def effect(x: int) -> str:
+        """A counted side effect."""
+        ran.append(x)
+        return "ran"
+
+    dispatcher = InProcessDispatcher([effect])
+    call = PreparedCall(tool="effect", call_id="c", args={"x": 1}, task_id=task_id_for("c"))
+    try:
+        dispatcher.cancel([call])
+        result = dispatcher.wait(call, timeout=5)
+    finally:
+        dispatcher.close()
+
+    assert result.status == "error" and result.error_kind == "cancelled"
+    assert ran == []
