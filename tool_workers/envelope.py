@@ -114,8 +114,9 @@ def _header_problem(headers: dict[str, Any]) -> str | None:
     for key in _OPTIONAL_TEXT_HEADERS:
         if headers.get(key) is not None and not isinstance(headers[key], str):
             return f"the {key!r} header is not a string"
-    if not isinstance(headers.get("ignore_result", False), (bool, type(None))):
-        return "the 'ignore_result' header is not a boolean"
+    if headers.get("ignore_result") not in (None, False):
+        # A waiter reads the stored result: a tool call without one would never end.
+        return "the 'ignore_result' header is set (a tool call's result is always stored)"
     return None
 
 

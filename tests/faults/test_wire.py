@@ -214,6 +214,7 @@ _header_values: dict[str, Any] = {
     "stamps": _json,
     "stamped_headers": _json,
     "reply_to": _json,
+    "ignore_result": st.one_of(st.booleans(), _json),
 }
 
 

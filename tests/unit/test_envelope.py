@@ -83,6 +83,7 @@ def test_an_embed_that_would_change_the_call_is_refused(embed: dict[str, Any]) -
         ("shadow", {"a": 1}),
         ("argsrepr", 3),
         ("ignore_result", "yes"),
+        ("ignore_result", True),
         ("task", 7),
     ],
 )
@@ -94,7 +95,7 @@ def test_a_header_celery_cannot_take_is_refused(header: str, value: Any) -> None
 
     assert refusal is not None and refusal.task_id == TASK_ID
     assert repr(header) in refusal.reason
-    assert repr(value) not in refusal.reason or header == "task"
+    assert repr(value) not in refusal.reason or header in ("task", "ignore_result")
 
 
 @pytest.mark.parametrize("task_id", [None, "", 42, "x" * (MAX_TASK_ID_CHARS + 1), "a b", "a\nb"])
