@@ -13,6 +13,7 @@ from celery import Celery
 from tool_workers.connections import celery_tls_config
 from tool_workers.protocol import task_name
 from tool_workers.settings import Settings, ToolPolicies
+from tool_workers.transport import install as install_transport
 
 BACKEND_CLASS = "tool_workers.backend:ToolfleetRedisBackend"
 
@@ -98,6 +99,7 @@ def create_app(
         A configured Celery app.
     """
     policies = policies if policies is not None else settings.policies()
+    install_transport()
     app = Celery(main, set_as_current=False)
     app.conf.update(celery_config(settings, policies))
     return app

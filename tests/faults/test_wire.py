@@ -21,7 +21,14 @@ from orchestrator import dispatcher_for
 from orchestrator.dispatch.outcome import result_from_meta
 from orchestrator.local import WorkerProcess
 from tests.support.fleet import FAULT_POLICY, fleet_settings, worker_env
-from tests.support.wire import call_headers, direct, publish_raw, wait_stored, watch_only
+from tests.support.wire import (
+    call_headers,
+    direct,
+    publish_raw,
+    push_raw,
+    wait_stored,
+    watch_only,
+)
 from tool_workers.protocol import ToolRequest
 from tool_workers.settings import Settings
 
@@ -172,6 +179,36 @@ def test_message_without_usable_id_is_dropped_with_one_log_line(
     assert len(refused) == 1, new
     assert "id unusable" in refused[0]
     assert "Restarting" not in new and "Unrecoverable" not in new, new
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        b"not json",
+        b"[]",
+        b'{"body": 1}',
+        json.dumps({"body": "", "headers": {}, "properties": {}}).encode(),
+    ],
+    ids=["not-json", "list", "no-properties", "no-delivery-info"],
+)
+def test_queue_entry_that_is_no_message_is_dropped(
+    fleet: tuple[Settings, WorkerProcess], entry: bytes
+) -> None:
+    """Given an entry pushed straight onto the queue's Redis list that is not a kombu
+    message envelope, when the worker pops it, then it drops it with one log line (it
+    used to exit with an unrecoverable error) and keeps serving without reconnecting."""
+    settings_, worker = fleet
+    assert worker.log_file is not None
+    before = worker.log_file.read_text(errors="replace")
+
+    push_raw(settings_, entry)
+    assert_serving(settings_, worker)
+
+    new = worker.log_file.read_text(errors="replace")[len(before) :]
+    dropped = [line for line in new.splitlines() if "dropped an entry" in line]
+    refused = [line for line in new.splitlines() if "refused a message" in line]
+    assert len(dropped) + len(refused) == 1, new
+    assert "Connection to broker lost" not in new and "Unrecoverable" not in new, new
 
 
 # --- the fuzz: generated messages, in batches, against the same worker ---------------

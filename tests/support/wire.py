@@ -79,3 +79,13 @@ def wait_stored(settings: Settings, task_id: str, timeout: float = 20.0) -> dict
         if time.monotonic() > deadline:
             raise AssertionError(f"nothing ready stored for {task_id} within {timeout} s: {meta}")
         time.sleep(0.05)
+
+
+def push_raw(settings: Settings, entry: bytes, queue: str = "tools") -> None:
+    """Push ``entry`` onto ``queue``'s Redis list as is, below kombu (no envelope)."""
+    client = redis.Redis.from_url(settings.broker_url)
+    prefix = f"{settings.namespace}:" if settings.namespace else ""
+    try:
+        client.lpush(f"{prefix}{queue}", entry)
+    finally:
+        client.close()
