@@ -119,6 +119,26 @@ class ToolRequest(BaseModel):
         except ValidationError:
             return None
 
+    @classmethod
+    def from_wire(cls, raw: Any) -> ToolRequest:
+        """The request a worker received, with the wire's limits on its ids.
+
+        Raises:
+            pydantic.ValidationError: ``raw`` is not a request, or an id is longer than
+                :data:`MAX_ID_CHARS`.
+        """
+        return cls.model_validate(raw, context={_FROM_WIRE: True})
+
+    @field_validator("tool", "call_id", "idempotency_key", "thread_id", "run_id")
+    @classmethod
+    def _short_id(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # Only on the worker's side: a sender's own long id is refused by the worker as an
+        # error result the model reads, not raised where the call is built.
+        from_wire = bool(info.context and info.context.get(_FROM_WIRE))
+        if from_wire and value is not None and len(value) > MAX_ID_CHARS:
+            raise ValueError(f"longer than {MAX_ID_CHARS} characters ({len(value)})")
+        return value
+
 
 TRACE_HEADERS = ("langsmith-trace", "baggage", "traceparent", "tracestate")
 """Propagation headers a call carries: LangSmith's own (``langsmith-trace`` with its
@@ -164,26 +184,6 @@ class TraceContext(BaseModel):
         if not found:
             return None
         return cls(**{name.replace("-", "_"): value for name, value in found.items()})
-
-    @classmethod
-    def from_wire(cls, raw: Any) -> ToolRequest:
-        """The request a worker received, with the wire's limits on its ids.
-
-        Raises:
-            pydantic.ValidationError: ``raw`` is not a request, or an id is longer than
-                :data:`MAX_ID_CHARS`.
-        """
-        return cls.model_validate(raw, context={_FROM_WIRE: True})
-
-    @field_validator("tool", "call_id", "idempotency_key", "thread_id", "run_id")
-    @classmethod
-    def _short_id(cls, value: str | None, info: ValidationInfo) -> str | None:
-        # Only on the worker's side: a sender's own long id is refused by the worker as an
-        # error result the model reads, not raised where the call is built.
-        from_wire = bool(info.context and info.context.get(_FROM_WIRE))
-        if from_wire and value is not None and len(value) > MAX_ID_CHARS:
-            raise ValueError(f"longer than {MAX_ID_CHARS} characters ({len(value)})")
-        return value
 
 
 class Injected(BaseModel):
