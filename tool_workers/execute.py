@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from tool_workers.context import CallContext, call_scope
 from tool_workers.graph_context import MissingContextError, WorkerGraph, inject, invoke_config
 from tool_workers.protocol import ToolRequest, ToolResult, error_text, timeout_text
+from tool_workers.soft_limit import tool_window
 from tool_workers.wire_json import NotJSONError, to_wire
 
 TRUNCATION_NOTE = "\n[toolfleet: result truncated from {size} to {limit} bytes]"
@@ -112,7 +113,7 @@ def run_call(
     t0 = time.perf_counter()
     timing = {**base, "started_at": started}
     try:
-        with call_scope(ctx):
+        with call_scope(ctx), tool_window(limits.soft_time_limit):
             output = _invoke(tool, call, config)
     except SoftTimeLimitExceeded:
         return ToolResult.error(

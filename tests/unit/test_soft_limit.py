@@ -1,0 +1,58 @@
+"""The soft time limit interrupts the tool only: never the storing of its result, never a
+later call (the signal a late timer sends in a prefork pool process)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+from billiard.exceptions import SoftTimeLimitExceeded
+from billiard.pool import soft_timeout_sighandler
+
+from tool_workers.soft_limit import tool_window
+
+
+@pytest.fixture
+def pool_process() -> Iterator[None]:
+    """This process's SIGUSR1 handled as in a prefork pool process (billiard's handler)."""
+    previous = signal.signal(signal.SIGUSR1, soft_timeout_sighandler)
+    yield
+    signal.signal(signal.SIGUSR1, previous)
+
+
+def soft_limit_signal() -> None:
+    os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(0.05)  # the handler runs in the main thread between bytecodes
+
+
+def test_the_soft_limit_stops_a_tool_that_ran_for_its_limit(pool_process: None) -> None:
+    with pytest.raises(SoftTimeLimitExceeded), tool_window(0.2):
+        time.sleep(0.3)
+        soft_limit_signal()
+
+
+def test_a_soft_limit_after_the_tool_returned_is_ignored(pool_process: None) -> None:
+    """Given a tool that finished, when the soft limit arrives late (while its result is
+    stored), then nothing is raised: the finished call's result stands."""
+    with tool_window(0.2):
+        pass
+    soft_limit_signal()  # raised SoftTimeLimitExceeded('') before
+
+
+def test_a_late_soft_limit_of_an_earlier_call_does_not_stop_the_next_one(
+    pool_process: None,
+) -> None:
+    with tool_window(5.0):
+        soft_limit_signal()  # 0 s into a call limited to 5 s: not this call's
+
+
+def test_outside_a_pool_process_the_signal_handler_is_left_alone() -> None:
+    previous = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    try:
+        with tool_window(0.1):
+            assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

@@ -1,0 +1,93 @@
+"""The soft time limit stops the tool, and only the tool.
+
+In a prefork pool process, Celery's soft time limit is a ``SIGUSR1`` from the worker's
+main process, and billiard's handler raises ``SoftTimeLimitExceeded`` wherever the pool
+process happens to be. When the main process's timers run late (a network cut held up its
+event loop), the signal could arrive after the tool had returned, while the result was
+being stored: the store was interrupted and the call reached the model as a bare
+``SoftTimeLimitExceeded('')`` failure, although the tool had finished in time. A late
+duplicate could even interrupt the next call.
+
+:func:`tool_window` replaces that handler in the pool process: the exception is raised
+only while a tool runs (inside the window) and only once the call has really run for its
+soft limit; a signal outside the window, or one meant for an earlier call, is logged and
+ignored. The hard time limit still ends a pool process that does not finish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import FrameType
+
+from billiard.exceptions import SoftTimeLimitExceeded
+from billiard.pool import soft_timeout_sighandler
+
+log = logging.getLogger("toolfleet.worker")
+
+SLACK = 0.5
+"""Seconds before its soft limit at which a call may already be stopped (timer jitter)."""
+
+_SIGNAL = getattr(signal, "SIGUSR1", None)  # absent on Windows, where prefork has no limits
+
+
+@dataclass
+class _Window:
+    started: float
+    limit: float | None
+
+
+_current: _Window | None = None
+
+
+def _handler(signum: int, frame: FrameType | None) -> None:
+    window = _current
+    if window is None:
+        log.warning("soft time limit signal after the tool finished: ignored")
+        return
+    elapsed = time.monotonic() - window.started
+    if window.limit is not None and elapsed < window.limit - SLACK:
+        log.warning(
+            "soft time limit signal %.1f s into a call limited to %g s: meant for an "
+            "earlier call, ignored",
+            elapsed,
+            window.limit,
+        )
+        return
+    raise SoftTimeLimitExceeded()
+
+
+def _install() -> bool:
+    """Take over billiard's soft-limit handler; whether this process has one."""
+    if _SIGNAL is None or threading.current_thread() is not threading.main_thread():
+        return False
+    current = signal.getsignal(_SIGNAL)
+    if current is _handler:
+        return True
+    if current is not soft_timeout_sighandler:
+        return False  # not a prefork pool process: leave the process's signals alone
+    signal.signal(_SIGNAL, _handler)
+    return True
+
+
+@contextlib.contextmanager
+def tool_window(limit: float | None) -> Iterator[None]:
+    """Let the soft time limit interrupt the block (the tool's run), and nothing else.
+
+    Args:
+        limit: The call's soft limit in seconds (``None``: any soft-limit signal counts).
+    """
+    global _current
+    if not _install():
+        yield
+        return
+    _current = _Window(started=time.monotonic(), limit=limit)
+    try:
+        yield
+    finally:
+        _current = None
