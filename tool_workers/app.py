@@ -10,7 +10,7 @@ from typing import Any
 
 from celery import Celery
 
-from tool_workers.connections import celery_tls_config
+from tool_workers.connections import celery_tls_config, keepalive_options
 from tool_workers.protocol import task_name
 from tool_workers.settings import Settings, ToolPolicies
 from tool_workers.transport import install as install_transport
@@ -27,23 +27,41 @@ RESTORE_INTERVAL = 5
 def visibility_timeout(policies: ToolPolicies, margin: float = REDELIVERY_MARGIN) -> float:
     """Seconds a fetched, unacknowledged call stays invisible before it is redelivered.
 
-    Longer than any call may run (the longest hard time limit), plus the longest retry
-    delay (a retried call waits in the worker for its countdown), plus a margin: a call
-    that outlives the visibility timeout would be run a second time while still running.
+    Longer than any worker may hold a call (its hard time limit plus, for a tool with
+    retries, the longest retry countdown it waits in the worker), plus a margin: a call
+    that outlived the visibility timeout would be run a second time while still running.
     """
-    return policies.longest_time_limit() + policies.longest_retry_backoff() + margin
+    return policies.longest_hold() + margin
 
 
 def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
     """The Celery configuration toolfleet runs with."""
+    timeout = settings.socket_timeout
+    keepalive = keepalive_options(settings)
     transport: dict[str, Any] = {
         "visibility_timeout": visibility_timeout(policies, settings.redelivery_margin),
         # A dead worker's calls come back within visibility_timeout + this interval.
         "unacked_restore_interval": RESTORE_INTERVAL,
         "unacked_restore_throttle": 1,
-        "health_check_interval": 10,
+        # A cut link must not freeze the worker's main process: without a socket timeout
+        # a command on a dead connection (an ack, the unacked-restore scan) blocks it, and
+        # with it the timers that fire time limits, until TCP gives up minutes later. The
+        # BRPOP and pub/sub connections (read by the event loop, where no socket timeout
+        # applies) are dropped by kombu's health check and TCP_USER_TIMEOUT.
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "socket_keepalive": True,
+        "socket_keepalive_options": keepalive,
+        "health_check_interval": max(1, round(timeout / 2)),
+        # Not replayed on a timeout: a publish whose reply was lost may be queued already,
+        # and a second copy would run the call twice.
+        "retry_on_timeout": False,
     }
-    backend_transport: dict[str, Any] = {"retry_policy": {"timeout": 30.0}}
+    backend_transport: dict[str, Any] = {
+        # A store is retried (every second) while the link is down, for this long.
+        "retry_policy": {"timeout": 30.0},
+        "socket_keepalive_options": keepalive,
+    }
     if settings.namespace:
         transport["global_keyprefix"] = f"{settings.namespace}:"
         backend_transport["global_keyprefix"] = f"{settings.namespace}:"
@@ -55,8 +73,13 @@ def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
         "broker_transport_options": transport,
         "result_backend_transport_options": backend_transport,
         "broker_connection_retry_on_startup": True,
-        "redis_backend_health_check_interval": 10,
+        "redis_backend_health_check_interval": max(1, round(timeout / 2)),
         "redis_socket_keepalive": True,
+        "redis_socket_timeout": timeout,
+        "redis_socket_connect_timeout": timeout,
+        # The store script never overwrites a stored success, and reads are reads: a
+        # command replayed after a timeout does no harm.
+        "redis_retry_on_timeout": True,
         # JSON only: a pickled message is refused, never executed.
         "task_serializer": "json",
         "result_serializer": "json",

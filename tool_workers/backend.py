@@ -62,6 +62,13 @@ class ToolfleetRedisBackend(RedisBackend):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._store_script: Any = None
+        # Celery has no setting for TCP keepalive options: they come with the backend's
+        # transport options (tool_workers.app.celery_config), for TCP connections only.
+        options = (self.app.conf.result_backend_transport_options or {}).get(
+            "socket_keepalive_options"
+        )
+        if options and "path" not in self.connparams:
+            self.connparams["socket_keepalive_options"] = options
 
     def _script(self) -> Any:
         if self._store_script is None:

@@ -15,12 +15,14 @@ import os
 from typing import Any
 
 from celery import Celery, signals
+from celery.concurrency.prefork import TaskPool as PreforkPool
 from pydantic import ValidationError
 
 from tool_workers import metrics, tracing
 from tool_workers.app import create_app
 from tool_workers.connections import redis_client
 from tool_workers.errors import ConfigError, ToolfleetError
+from tool_workers.event_loop import LimitWatchdog
 from tool_workers.loader import load_tools
 from tool_workers.logs import install_formatters, settings_fields
 from tool_workers.placeholders import refuse_placeholders
@@ -55,6 +57,7 @@ def _start() -> tuple[Settings, Celery, dict[str, ToolSpec]]:
 settings, app, specs = _start()
 
 _publisher: RegistryPublisher | None = None
+_watchdog: LimitWatchdog | None = None
 
 
 @signals.worker_init.connect  # type: ignore[untyped-decorator]  # celery is unannotated
@@ -72,7 +75,10 @@ def _start_metrics(**_: Any) -> None:
 
 @signals.worker_ready.connect  # type: ignore[untyped-decorator]  # celery is unannotated
 def _publish_registry(sender: Any = None, **_: Any) -> None:
-    global _publisher
+    global _publisher, _watchdog
+    if isinstance(sender.pool, PreforkPool):
+        # Time limits on time even while a network cut holds up the event loop.
+        _watchdog = LimitWatchdog(sender.pool).start()
     queues = list(sender.app.amqp.queues.consume_from)
     entry = build_entry(sender.hostname, queues, specs.values())
     client = redis_client(settings.broker_url, settings)
@@ -98,5 +104,7 @@ def _format_logs(logger: logging.Logger, **_: Any) -> None:
 
 @signals.worker_shutdown.connect  # type: ignore[untyped-decorator]  # celery is unannotated
 def _unpublish_registry(**_: Any) -> None:
+    if _watchdog is not None:
+        _watchdog.stop()
     if _publisher is not None:
         _publisher.stop()

@@ -15,6 +15,7 @@ Options in a URL's query string (``?ssl_cert_reqs=none``) win over these setting
 from __future__ import annotations
 
 import re
+import socket
 import ssl
 from typing import Any
 from urllib.parse import urlsplit
@@ -61,29 +62,78 @@ def celery_tls_config(settings: Settings) -> dict[str, Any]:
     return config
 
 
+def keepalive_options(settings: Settings) -> dict[int, int]:
+    """TCP options (``setsockopt`` level ``IPPROTO_TCP``) that find a dead peer in seconds.
+
+    Keepalive probes start after ``socket_timeout`` seconds of silence, one a second; and
+    data the peer has not acknowledged for twice ``socket_timeout`` closes the connection
+    (``TCP_USER_TIMEOUT``). Without them a connection on a cut link lives for minutes
+    (keepalive starts after two hours; retransmissions go on for about 15 minutes), and
+    even after the link heals it waits out its retransmission backoff. Options this
+    platform lacks are left out.
+    """
+    timeout = settings.socket_timeout
+    wanted = {
+        "TCP_KEEPIDLE": max(1, round(timeout)),
+        "TCP_KEEPINTVL": 1,
+        "TCP_KEEPCNT": 3,
+        "TCP_USER_TIMEOUT": max(1000, round(2 * timeout * 1000)),
+    }
+    return {getattr(socket, name): value for name, value in wanted.items() if hasattr(socket, name)}
+
+
+def socket_options(settings: Settings) -> dict[str, Any]:
+    """redis-py timeouts and keepalive for every Redis connection toolfleet opens.
+
+    A command waits at most ``socket_timeout`` for its reply, a connect at most as long;
+    then the connection is dropped and the next command opens a new one, so a network cut
+    is noticed in seconds and a healed link serves again at once. Commands are not
+    replayed on a timeout (``retry_on_timeout`` stays off): a write whose reply was lost
+    may have happened.
+    """
+    return {
+        "socket_timeout": settings.socket_timeout,
+        "socket_connect_timeout": settings.socket_timeout,
+        "socket_keepalive_options": keepalive_options(settings),
+    }
+
+
 def redis_connection_kwargs(url: str, settings: Settings) -> dict[str, Any]:
     """Keyword arguments for ``redis.Redis.from_url(url, ...)``: TLS options for ``rediss://``.
 
     A plain ``redis://`` URL gets none (redis-py refuses TLS options on a plain
-    connection).
+    connection). Timeouts and keepalive are :func:`socket_options`.
     """
     return ssl_options(settings) if uses_tls(url) else {}
 
 
+def _client_kwargs(url: str, settings: Settings, kwargs: dict[str, Any]) -> dict[str, Any]:
+    # Health checks PING a connection idle for this long before using it again, so a
+    # connection that died while idle is replaced before a command waits on it.
+    defaults = {"socket_keepalive": True, "health_check_interval": settings.socket_timeout}
+    return {
+        **defaults,
+        **socket_options(settings),
+        **redis_connection_kwargs(url, settings),
+        **kwargs,
+    }
+
+
 def redis_client(url: str, settings: Settings, **kwargs: Any) -> redis.Redis:
-    """A redis-py client for ``url`` with the deployment's TLS options.
+    """A redis-py client for ``url`` with the deployment's TLS options, socket timeouts,
+    TCP keepalive and health checks.
 
     Args:
         url: A ``redis://`` or ``rediss://`` URL (credentials in it).
-        settings: Supplies the TLS options.
-        **kwargs: More ``redis.Redis`` options (timeouts, ...).
+        settings: Supplies the TLS options and ``socket_timeout``.
+        **kwargs: More ``redis.Redis`` options; they win over the defaults.
     """
-    return redis.Redis.from_url(url, **redis_connection_kwargs(url, settings), **kwargs)
+    return redis.Redis.from_url(url, **_client_kwargs(url, settings, kwargs))
 
 
 def async_redis_client(url: str, settings: Settings, **kwargs: Any) -> aioredis.Redis:
     """The ``redis.asyncio`` counterpart of :func:`redis_client`."""
-    return aioredis.from_url(url, **redis_connection_kwargs(url, settings), **kwargs)
+    return aioredis.from_url(url, **_client_kwargs(url, settings, kwargs))
 
 
 def mask_secrets(text: str) -> str:

@@ -21,12 +21,16 @@ from celery.worker.consumer import Consumer
 from vine import promise
 
 from tool_workers.envelope import Refusal, check_message, usable_task_id
+from tool_workers.event_loop import steady_retries
 
 log = logging.getLogger("toolfleet.worker")
 
 
 class UnreadableCall(Exception):
     """Raised (stored as the call's failure) when a call's message cannot be read."""
+
+
+_HEART = "celery.worker.consumer.heart:Heart"
 
 
 class ToolfleetConsumer(Consumer):  # type: ignore[misc]
@@ -59,6 +63,17 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
                 )
 
         return on_task_received
+
+    class Blueprint(Consumer.Blueprint):  # type: ignore[misc]
+        # Heartbeats that never stall the event loop (tool_workers.heartbeat).
+        default_steps = [
+            "tool_workers.heartbeat:Heart" if step == _HEART else step
+            for step in Consumer.Blueprint.default_steps
+        ]
+
+    def ensure_connected(self, conn: Any) -> Any:
+        """Connect, retrying every second (not backing off to 30 s)."""
+        return super().ensure_connected(steady_retries(conn))
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         """A body that does not decode: Celery logs and acks it; answer the call too."""

@@ -75,6 +75,16 @@ class ToolPolicy(BaseModel):
     """Send the message history with the state a tool asks for as a whole (the history
     grows with every turn, so it is left out unless the tool names it or this is set)."""
 
+    @property
+    def longest_retry_delay(self) -> float:
+        """The longest countdown a retried call of this tool waits (0 without retries).
+
+        The n-th retry waits ``retry_backoff * 2**(n-1)``, capped at ``retry_backoff_max``.
+        """
+        if not self.retries:
+            return 0.0
+        return min(self.retry_backoff * (1 << (self.retries - 1)), self.retry_backoff_max)
+
     @model_validator(mode="after")
     def _check_limits(self) -> ToolPolicy:
         if self.soft_time_limit is not None and self.soft_time_limit >= self.time_limit:
@@ -114,12 +124,11 @@ class ToolPolicies(BaseModel):
             [self.defaults.time_limit] + [self.for_tool(name).time_limit for name in self.tools]
         )
 
-    def longest_retry_backoff(self) -> float:
-        """The longest retry delay any configured tool (or the defaults) may wait."""
-        return max(
-            [self.defaults.retry_backoff_max]
-            + [self.for_tool(name).retry_backoff_max for name in self.tools]
-        )
+    def longest_hold(self) -> float:
+        """The longest a worker may hold one fetched call: its tool's hard time limit plus
+        the longest countdown of its retries (a retried call waits in the worker)."""
+        policies = [self.defaults] + [self.for_tool(name) for name in self.tools]
+        return max(p.time_limit + p.longest_retry_delay for p in policies)
 
     @classmethod
     def load(cls, path: Path) -> ToolPolicies:
@@ -178,6 +187,10 @@ class Settings(BaseSettings):
     redelivery_margin: float = Field(default=30.0, ge=0)
     """Seconds added to the longest time limit and retry delay to get the broker's
     visibility timeout: a call whose worker died is redelivered after that long."""
+    socket_timeout: float = Field(default=5.0, gt=0)
+    """Seconds a Redis connection may stay unanswered (a reply, a connect, data the server
+    has not acknowledged) before it counts as lost and is reopened: a network cut is
+    noticed this fast, and a healed link is used again as soon as a new connection opens."""
     redis_ssl_cert_reqs: Literal["required", "optional", "none"] = "required"
     """For ``rediss://`` URLs: whether the server's certificate must verify."""
     redis_ssl_ca_certs: Path | None = None

@@ -39,7 +39,7 @@ from orchestrator.dispatch.registry import RegistryView
 from orchestrator.dispatch.timings import CallTimings
 from orchestrator.dispatch.watch import StateCallback
 from orchestrator.messages import hung_text
-from tool_workers.connections import redis_client, redis_connection_kwargs
+from tool_workers.connections import redis_client, redis_connection_kwargs, socket_options
 from tool_workers.errors import ConfigError, DispatchError, ResultTimeout
 from tool_workers.protocol import ToolResult, ToolSpec, placement_key, reply_channel, revoked_key
 from tool_workers.settings import Settings, ToolPolicies
@@ -78,7 +78,7 @@ class CeleryDispatcher:
         self.listener = ResultListener(
             settings.backend_url,
             app.backend.get_key_for_task,
-            redis_connection_kwargs(settings.backend_url, settings),
+            {**socket_options(settings), **redis_connection_kwargs(settings.backend_url, settings)},
             reply_channel=channel,
         )
         self._lock = threading.Lock()

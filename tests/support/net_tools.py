@@ -2,7 +2,7 @@
 
 A worker cut off from Redis can still write to the file system, so the count is right
 whatever the network does. ``TOOLFLEET_TEST_EFFECTS_FILE`` names the file; each start and
-each end of a run is one line: ``start|end|stopped <idempotency key> <pid> <unix time>``.
+each end of a run is one line: ``start|alive|end|stopped <idempotency key> <pid> <unix time>``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _record(event: str) -> None:
 
 
 def read_effects(path: Path) -> list[tuple[str, str, int, float]]:
-    """Every recorded event: (``start``/``end``/``stopped``, idempotency key, pid, unix time)."""
+    """Every recorded event: (kind, idempotency key, pid, unix time), in order."""
     if not path.exists():
         return []
     events = []
@@ -55,3 +55,22 @@ def pay(seconds: float) -> str:
     time.sleep(seconds)
     _record("end")
     return f"paid after {seconds:g}"
+
+
+@tool
+def stubborn(seconds: float) -> str:
+    """Ignores its soft time limit (only the hard limit stops it); records ``alive`` each
+    second, so the last record tells when the hard limit ended it."""
+    _record("start")
+    deadline = time.monotonic() + seconds
+    next_tick = time.monotonic()
+    while time.monotonic() < deadline:
+        try:
+            if time.monotonic() >= next_tick:
+                _record("alive")
+                next_tick += 1.0
+            time.sleep(0.05)
+        except BaseException:  # swallowing the soft time limit is the point
+            continue
+    _record("end")
+    return "outlived its limits"

@@ -256,3 +256,33 @@ def test_given_default_queue_when_config_built_then_celery_default_queue_follows
     config = celery_config(Settings(), policies)
 
     assert config["task_default_queue"] == "bulk"
+
+
+def test_visibility_timeout_counts_no_retry_delay_for_tools_without_retries() -> None:
+    """The default policy (300 s, no retries): 300 s + the 30 s margin, nothing for the
+    60 s ``retry_backoff_max`` a call without retries never waits."""
+    assert visibility_timeout(ToolPolicies()) == 330.0
+
+
+def test_visibility_timeout_counts_the_longest_delay_a_retried_call_really_waits() -> None:
+    """A tool retried twice with backoff 1 s waits at most 2 s (1, then 2), not its cap;
+    each tool's own limit and delay add up, not the longest of each across tools."""
+    policies = ToolPolicies.model_validate(
+        {
+            "defaults": {"time_limit": 100},
+            "tools": {
+                "slow": {"time_limit": 200},
+                "retried": {"time_limit": 50, "retries": 2, "retry_backoff": 1.0},
+                "capped": {
+                    "time_limit": 10,
+                    "retries": 8,
+                    "retry_backoff": 2.0,
+                    "retry_backoff_max": 30.0,
+                },
+            },
+        }
+    )
+    assert policies.for_tool("retried").longest_retry_delay == 2.0
+    assert policies.for_tool("capped").longest_retry_delay == 30.0
+    assert policies.for_tool("slow").longest_retry_delay == 0.0
+    assert visibility_timeout(policies, margin=5) == 205.0

@@ -1,0 +1,117 @@
+"""Time limits that do not wait for the worker's event loop (the watchdog), and reconnect
+attempts at a steady pace."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tool_workers.event_loop import (
+    RECONNECT_INTERVAL,
+    LimitWatchdog,
+    steady_retries,
+)
+
+
+@dataclass
+class Job:
+    _time_accepted: float | None
+    _soft_timeout: float | None
+    _worker_pid: int | None
+    _timeout: float | None = 60.0
+    done: bool = False
+
+    def ready(self) -> bool:
+        return self.done
+
+
+@dataclass
+class Billiard:
+    """The parts of billiard's pool the watchdog uses; its handlers act as billiard's."""
+
+    _cache: dict[int, Job] = field(default_factory=dict)
+    hard: list[Job] = field(default_factory=list)
+
+    def on_soft_timeout(self, job: Job) -> None:
+        assert job._worker_pid is not None
+        os.kill(job._worker_pid, signal.SIGUSR1)
+
+    def on_hard_timeout(self, job: Job) -> None:
+        self.hard.append(job)
+
+
+@dataclass
+class TaskPool:
+    _pool: Billiard
+
+
+def test_the_watchdog_signals_a_job_past_its_soft_limit_once() -> None:
+    """Given a running job past its soft limit and one within it, then only the first
+    pool process gets the soft-limit signal, and only once."""
+    overdue = subprocess.Popen(["sleep", "30"])
+    within = subprocess.Popen(["sleep", "30"])
+    try:
+        now = time.monotonic()
+        pool = Billiard({1: Job(now - 7, 6.0, overdue.pid), 2: Job(now - 1, 6.0, within.pid)})
+        watchdog = LimitWatchdog(TaskPool(pool))
+
+        watchdog.check(now)
+        watchdog.check(now + 0.5)  # already signalled: not again
+
+        assert overdue.wait(timeout=5) == -signal.SIGUSR1
+        assert within.poll() is None
+    finally:
+        for proc in (overdue, within):
+            proc.kill()
+            proc.wait()
+
+
+def test_the_watchdog_leaves_finished_and_unaccepted_jobs_alone() -> None:
+    now = time.monotonic()
+    pool = Billiard(
+        {
+            1: Job(now - 60, 6.0, 999_999_999, done=True),
+            2: Job(None, 6.0, None),
+            3: Job(now - 60, None, 1),
+        }
+    )
+    LimitWatchdog(TaskPool(pool)).check(now)  # would raise or kill pid 1 otherwise
+
+
+def test_the_watchdog_kills_a_job_the_event_loop_left_past_its_hard_limit() -> None:
+    """Given a job past its hard limit (plus the grace the event loop has to end it), then
+    its pool process is killed and billiard's hard-limit handler runs for it, once."""
+    stuck = subprocess.Popen(["sleep", "30"])
+    within = subprocess.Popen(["sleep", "30"])
+    try:
+        now = time.monotonic()
+        job = Job(now - 9.5, 4.0, stuck.pid, _timeout=8.0)
+        pool = Billiard({1: job, 2: Job(now - 8.5, None, within.pid, _timeout=8.0)})
+        watchdog = LimitWatchdog(TaskPool(pool))
+        watchdog.check(now)
+        watchdog.check(now + 0.1)
+        assert stuck.wait(timeout=5) == -signal.SIGKILL
+        assert pool.hard == [job]
+        assert within.poll() is None
+    finally:
+        for proc in (stuck, within):
+            proc.kill()
+            proc.wait()
+
+
+def test_reconnect_attempts_follow_each_other_every_second() -> None:
+    calls: list[dict[str, Any]] = []
+
+    class Conn:
+        def ensure_connection(self, *args: Any, **kwargs: Any) -> None:
+            calls.append(kwargs)
+
+    conn = steady_retries(Conn())
+    conn.ensure_connection(None, 5, callback=None)
+    assert calls[0]["interval_start"] == RECONNECT_INTERVAL
+    assert calls[0]["interval_max"] == RECONNECT_INTERVAL
+    assert calls[0]["interval_step"] == 0
