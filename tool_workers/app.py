@@ -58,8 +58,13 @@ def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
         "retry_on_timeout": False,
     }
     backend_transport: dict[str, Any] = {
-        # A store is retried (every second) while the link is down, for this long.
-        "retry_policy": {"timeout": 30.0},
+        # A store is retried every second while the link is down, up to the visibility
+        # timeout (past it the call is redelivered anyway): a call that finished during a
+        # cut reports its own result once the link is back.
+        "retry_policy": {
+            "timeout": max(30.0, visibility_timeout(policies, settings.redelivery_margin)),
+            "max_retries": None,
+        },
         "socket_keepalive_options": keepalive,
     }
     if settings.namespace:

@@ -9,10 +9,10 @@ its hard limit kept running (and making side effects) for as long as the cut las
 
 * :class:`LimitWatchdog` enforces each running call's limits on time from a thread of its
   own with billiard's own handlers (the ones its threaded pools run from a timeout
-  thread): at the soft limit the soft-limit signal, one second past the hard limit (when
-  the loop has not acted) the kill and the timeout result. The loop's own timers still
-  fire when it turns again: a call already ended is skipped, and the pool process ignores
-  a duplicate soft-limit signal (:mod:`tool_workers.soft_limit`).
+  thread), only where the loop is late: half a second past the soft limit the soft-limit
+  signal (cancelling the loop's own timer for it), one second past the hard limit the
+  kill and the timeout result. A loop timer that fires anyway finds the call ended, and
+  the pool process ignores a duplicate soft-limit signal (:mod:`tool_workers.soft_limit`).
 * :func:`steady_retries` makes the reconnect attempts follow each other every second
   instead of backing off to 30 s, so a healed link is used again within seconds.
 """
@@ -28,10 +28,15 @@ import threading
 import time
 from typing import Any
 
+from tool_workers.soft_limit import storing
+
 log = logging.getLogger("toolfleet.worker")
 
 TICK = 0.25
 """Seconds between two checks of the running calls."""
+
+SOFT_GRACE = 0.5
+"""Seconds past its soft limit the event loop has to signal a call before the watchdog does."""
 
 HARD_GRACE = 1.0
 """Seconds past its hard limit the event loop has to end a call before the watchdog does."""
@@ -104,6 +109,8 @@ class LimitWatchdog:
                 continue
             soft, hard = job._soft_timeout, job._timeout
             if hard and key not in self._killed and now - accepted >= hard + HARD_GRACE:
+                if storing(pid):
+                    continue  # the tool returned; its result is on its way (soft_limit)
                 # The kill first: billiard's handler stores the timeout result before it
                 # kills, and that store waits for the link. Then the handler (its threaded
                 # pools run it from a thread like this one) makes the call's result
@@ -113,10 +120,44 @@ class LimitWatchdog:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 pool.on_hard_timeout(job)
-            elif soft and key not in self._signalled and now - accepted >= soft:
+            elif soft and key not in self._signalled and now - accepted >= soft + SOFT_GRACE:
+                entry = _soft_entry(pool, key)
+                if entry is None:
+                    continue  # the event loop fired it (it now holds the hard limit's)
+                # Taken over from the event loop: its entry would fire a second signal
+                # when it turns again; the hard limit is then this watchdog's too.
                 self._signalled.add(key)
+                entry.cancel()
                 log.warning("soft time limit (%gs) exceeded for job %s", soft, key)
                 pool.on_soft_timeout(job)
 
 
+def _soft_entry(pool: Any, key: Any) -> Any:
+    """The event loop's pending soft-limit timer of job ``key``, or ``None``."""
+    entry = pool._tref_for_id.get(key)
+    if entry is None or entry.canceled:
+        return None
+    return entry if getattr(entry.fun, "__name__", "") == "_on_soft_timeout" else None
+
+
 _SOFT_SIGNAL = getattr(signal, "SIGUSR1", None)  # no soft limits where it is missing
+
+
+def spare_storing_calls(pool: Any) -> None:
+    """Make the event loop's hard limit spare a call whose tool has returned.
+
+    billiard's handler would kill the pool process while it stores the finished call's
+    result (a store waiting for a cut link), and the call would reach the model as timed
+    out although it finished. Such a process ends by itself when the store succeeds or
+    gives up.
+    """
+    handler = pool._pool.on_hard_timeout
+
+    def on_hard_timeout(job: Any) -> None:
+        if job._worker_pid and storing(job._worker_pid):
+            log.warning("hard time limit of job %s reached while it stores its result: spared",
+                        job._job)  # fmt: skip
+            return
+        handler(job)
+
+    pool._pool.on_hard_timeout = on_hard_timeout

@@ -11,19 +11,28 @@ duplicate could even interrupt the next call.
 :func:`tool_window` replaces that handler in the pool process: the exception is raised
 only while a tool runs (inside the window) and only once the call has really run for its
 soft limit; a signal outside the window, or one meant for an earlier call, is logged and
-ignored. The hard time limit still ends a pool process that does not finish.
+ignored.
+
+The hard time limit still ends a tool that does not finish, but not the storing of a
+finished call's result: a pool process records in a table it shares with the worker's
+main process (:func:`share_phases`, created before the pool forks) whether its tool has
+returned, and the hard limit spares a process that is only storing a result
+(:func:`storing`); the store gives up by itself after its retry window.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
+import os
 import signal
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded
 from billiard.pool import soft_timeout_sighandler
@@ -43,6 +52,36 @@ class _Window:
 
 
 _current: _Window | None = None
+
+_SLOTS = 4096
+_phases: Any = None  # [pid, finished] pairs, slot = pid % _SLOTS; shared with the pool
+
+
+def share_phases() -> None:
+    """Create the phase table in the worker's main process, before the pool forks."""
+    global _phases
+    if _phases is None:
+        _phases = multiprocessing.RawArray("q", 2 * _SLOTS)
+
+
+def mark(finished: bool) -> None:
+    """Record in this pool process's slot whether its call's tool has returned."""
+    if _phases is not None:
+        slot = 2 * (os.getpid() % _SLOTS)
+        _phases[slot + 1] = 0
+        _phases[slot] = os.getpid()
+        _phases[slot + 1] = int(finished)
+
+
+def storing(pid: int) -> bool:
+    """Whether pool process ``pid`` has run its call's tool and is storing the result.
+
+    Two pool processes sharing a slot read as "not storing": the limit then applies.
+    """
+    if _phases is None:
+        return False
+    slot = 2 * (pid % _SLOTS)
+    return bool(_phases[slot] == pid and _phases[slot + 1])
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
@@ -87,7 +126,9 @@ def tool_window(limit: float | None) -> Iterator[None]:
         yield
         return
     _current = _Window(started=time.monotonic(), limit=limit)
+    mark(finished=False)
     try:
         yield
     finally:
         _current = None
+        mark(finished=True)

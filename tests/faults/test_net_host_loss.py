@@ -2,15 +2,14 @@
 machine stops): the call runs again on another host after the visibility timeout, and a
 non-idempotent call is not run twice.
 
-The CI trials use the network policy (visibility timeout 42 s, so a lost call is back within a
-minute); the ``soak`` trial measures the default policy's number the README states.
+The trials use the network policy (visibility timeout 42 s, so a lost call is back within
+a minute); the default policy's visibility timeout (330 s) is pinned by a unit test.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +19,6 @@ from tests.support.net_fleet import NetFleet
 from tool_workers.app import RESTORE_INTERVAL, visibility_timeout
 
 pytestmark = pytest.mark.timeout(240)
-
-DEFAULT_POLICY = Path(__file__).with_name("net_policy_default.toml")
 
 
 def host_loss_trial(fleet: NetFleet, tool: str) -> tuple[str, str, float, float]:
@@ -69,20 +66,6 @@ def test_a_non_idempotent_call_of_a_lost_host_is_not_run_again(
     assert status == "error"
     assert "may have partially run" in content
     assert [e for e, *_ in _events(fleet)] == ["start"]
-    assert elapsed < bound
-
-
-@pytest.mark.soak
-@pytest.mark.timeout(600)
-def test_a_lost_host_costs_the_default_visibility_timeout(
-    net_fleet: Callable[..., NetFleet],
-) -> None:
-    """With the default policy (300 s time limit, no retries) a lost host's call is back
-    within 330 s (the visibility timeout) + 5 s (the scan): the README's number."""
-    fleet = net_fleet(config=DEFAULT_POLICY, redelivery_margin=30.0)
-    assert visibility_timeout(fleet.settings.policies(), 30.0) == 330.0
-    content, status, elapsed, bound = host_loss_trial(fleet, "step")
-    assert status == "success", content
     assert elapsed < bound
 
 

@@ -29,12 +29,27 @@ class Job:
         return self.done
 
 
+class Entry:
+    """A timer entry of the event loop (kombu's), as the pool keeps one per job."""
+
+    def __init__(self, name: str) -> None:
+        def fun() -> None: ...
+
+        fun.__name__ = name
+        self.fun = fun
+        self.canceled = False
+
+    def cancel(self) -> None:
+        self.canceled = True
+
+
 @dataclass
 class Billiard:
     """The parts of billiard's pool the watchdog uses; its handlers act as billiard's."""
 
     _cache: dict[int, Job] = field(default_factory=dict)
     hard: list[Job] = field(default_factory=list)
+    _tref_for_id: dict[int, Entry] = field(default_factory=dict)
 
     def on_soft_timeout(self, job: Job) -> None:
         assert job._worker_pid is not None
@@ -57,6 +72,7 @@ def test_the_watchdog_signals_a_job_past_its_soft_limit_once() -> None:
     try:
         now = time.monotonic()
         pool = Billiard({1: Job(now - 7, 6.0, overdue.pid), 2: Job(now - 1, 6.0, within.pid)})
+        pool._tref_for_id = {1: Entry("_on_soft_timeout"), 2: Entry("_on_soft_timeout")}
         watchdog = LimitWatchdog(TaskPool(pool))
 
         watchdog.check(now)
@@ -64,10 +80,27 @@ def test_the_watchdog_signals_a_job_past_its_soft_limit_once() -> None:
 
         assert overdue.wait(timeout=5) == -signal.SIGUSR1
         assert within.poll() is None
+        assert pool._tref_for_id[1].canceled  # the event loop's own signal is called off
     finally:
         for proc in (overdue, within):
             proc.kill()
             proc.wait()
+
+
+def test_the_watchdog_leaves_a_soft_limit_the_event_loop_fired_alone() -> None:
+    """Given a job past its soft limit whose timer already fired (the pool now holds its
+    hard-limit timer), then the watchdog sends no second signal."""
+    running = subprocess.Popen(["sleep", "30"])
+    try:
+        now = time.monotonic()
+        pool = Billiard({1: Job(now - 7, 6.0, running.pid)})
+        pool._tref_for_id = {1: Entry("_on_hard_timeout")}
+        LimitWatchdog(TaskPool(pool)).check(now)
+        time.sleep(0.2)
+        assert running.poll() is None
+    finally:
+        running.kill()
+        running.wait()
 
 
 def test_the_watchdog_leaves_finished_and_unaccepted_jobs_alone() -> None:

@@ -12,6 +12,8 @@ import pytest
 from billiard.exceptions import SoftTimeLimitExceeded
 from billiard.pool import soft_timeout_sighandler
 
+from tool_workers import event_loop, soft_limit
+from tool_workers.event_loop import spare_storing_calls
 from tool_workers.soft_limit import tool_window
 
 
@@ -56,3 +58,44 @@ def test_outside_a_pool_process_the_signal_handler_is_left_alone() -> None:
             assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_pool_process_storing_a_finished_call_is_spared_by_the_hard_limit(
+    pool_process: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the tool runs the hard limit applies; once it returned (the result is being
+    stored) the process reads as storing, until the next call starts."""
+    monkeypatch.setattr(soft_limit, "_phases", None)
+    soft_limit.share_phases()
+    with tool_window(5.0):
+        assert not soft_limit.storing(os.getpid())
+    assert soft_limit.storing(os.getpid())
+    soft_limit.mark(finished=False)  # the next call starts
+    assert not soft_limit.storing(os.getpid())
+    assert not soft_limit.storing(os.getpid() + soft_limit._SLOTS)  # a slot's other pid
+
+
+def test_the_event_loops_hard_limit_spares_a_storing_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Job:
+        _job = 1
+        _worker_pid = 4242
+
+    class Pool:
+        def __init__(self) -> None:
+            self.handled: list[object] = []
+            self.on_hard_timeout = self.handled.append
+
+    class TaskPool:
+        _pool = Pool()
+
+    pool = TaskPool()
+    spare_storing_calls(pool)
+    monkeypatch.setattr(event_loop, "storing", lambda pid: True)
+    pool._pool.on_hard_timeout(Job())
+    assert pool._pool.handled == []
+    monkeypatch.setattr(event_loop, "storing", lambda pid: False)
+    job = Job()
+    pool._pool.on_hard_timeout(job)
+    assert pool._pool.handled == [job]
