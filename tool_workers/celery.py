@@ -11,22 +11,52 @@ serves to the registry and keeps that entry fresh until it shuts down. With
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-from celery import signals
+from celery import Celery, signals
 from celery.concurrency.prefork import TaskPool as PreforkPool
+from pydantic import ValidationError
 
 from tool_workers import metrics, tracing
+from tool_workers.app import create_app
 from tool_workers.connections import redis_client
-from tool_workers.errors import ConfigError
+from tool_workers.errors import ConfigError, ToolfleetError
 from tool_workers.event_loop import LimitWatchdog, spare_storing_calls
+from tool_workers.loader import load_tools
 from tool_workers.logs import install_formatters, settings_fields
+from tool_workers.placeholders import refuse_placeholders
+from tool_workers.protocol import ToolSpec
 from tool_workers.redaction import quiet_celery_trace
 from tool_workers.registry import RegistryPublisher, build_entry
-from tool_workers.soft_limit import mark
+from tool_workers.settings import Settings, settings_error
+from tool_workers.soft_limit import mark, share_phases
+from tool_workers.tasks import register_tools
 
 log = logging.getLogger("toolfleet.worker")
 
+
+def _start() -> tuple[Settings, Celery, dict[str, ToolSpec]]:
+    """Settings, the app and its tools; a setting or tool module that cannot work ends
+    the process with one line saying why (Celery would bury it under its own traceback
+    of every way it tried to find the app)."""
+    try:
+        settings = Settings()
+        # Flower runs on this app too (celery -A tool_workers flower) and reads its
+        # login from the environment itself.
+        refuse_placeholders(settings, os.environ)
+        policies = settings.policies()
+        app = create_app(settings, policies)
+        specs = register_tools(app, load_tools(settings), settings, policies)
+    except ValidationError as exc:
+        raise SystemExit(f"toolfleet: {settings_error(exc)}") from None
+    except ToolfleetError as exc:
+        raise SystemExit(f"toolfleet: {exc}") from None
+    return settings, app, specs
+
+
+settings, app, specs = _start()
+share_phases()  # before the pool forks: its processes inherit the table
 
 _publisher: RegistryPublisher | None = None
 _watchdog: LimitWatchdog | None = None
