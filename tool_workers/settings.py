@@ -221,7 +221,10 @@ class Settings(BaseSettings):
     store_url: str | None = None
     """PostgreSQL URL of the LangGraph store remote tools and the agent share (optional)."""
     api_tokens: Annotated[tuple[str, ...], NoDecode] = Field(default=(), repr=False, exclude=True)
-    """Comma-separated bearer tokens the HTTP service (``toolfleet serve``) accepts."""
+    """Comma-separated bearer tokens the HTTP service (``toolfleet serve``) accepts, each
+    bare (a tenant of its own) or as ``tenant:token`` (tokens sharing a named tenant)."""
+    max_body_bytes: int = Field(default=4_194_304, gt=0)
+    """Largest request body the HTTP service reads; larger ones are refused with 413."""
     max_runs: int = Field(default=64, gt=0)
     """Runs one orchestrator replica executes at once; more are refused with 429."""
     run_ttl: int = Field(default=604_800, gt=0)

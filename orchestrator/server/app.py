@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from importlib.metadata import version
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -30,12 +30,14 @@ from orchestrator.server.errors import RequestRefused
 from orchestrator.server.eventlog import EventLog, EventRelay
 from orchestrator.server.graph import AgentProvider, resolve_model
 from orchestrator.server.graphs import Graphs, GraphSource, ProjectSource
+from orchestrator.server.guard import Guard
 from orchestrator.server.keys import Keys
 from orchestrator.server.projects import ProjectGraph
 from orchestrator.server.routes import assistants, metrics, runs, system, threads
 from orchestrator.server.runner import RunManager
 from orchestrator.server.services import Services
 from orchestrator.server.store import Store
+from orchestrator.server.tenancy import tenant_key
 from tool_workers.connections import async_redis_client, mask_secrets
 from tool_workers.errors import ConfigError
 from tool_workers.placeholders import refuse_placeholders
@@ -70,6 +72,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with _services(settings, replica, graphs) as svc:
+            auth.bind(await tenant_key(svc.redis, Keys(settings.key_prefix)))
             app.state.services = svc
             metrics.attach(app, svc)
             log.info(
@@ -77,7 +80,9 @@ def create_app(
                 replica,
                 mask_secrets(settings.broker_url),
                 "postgres" if settings.database_url else f"sqlite {settings.checkpoint_path}",
-                f"{len(settings.api_tokens)} API token(s)" if auth.enabled else "NO AUTH",
+                f"{len(settings.api_tokens)} API token(s) in {auth.tenants} tenant(s)"
+                if auth.enabled
+                else "NO AUTH",
             )
             yield
 
@@ -87,11 +92,13 @@ def create_app(
         summary="LangGraph Agent Protocol over an agent whose tool calls run on Celery workers",
         lifespan=lifespan,
     )
+    app.state.auth = auth
     app.include_router(system.router)
     app.include_router(metrics.router)  # unauthenticated, like /ok and Flower's /metrics
-    protected = [Depends(auth)]
     for router in (assistants.router, threads.router, runs.router):
-        app.include_router(router, dependencies=protected)
+        app.include_router(router)
+    # Outermost of the app's own layers: refusals here never reach routing or a body read.
+    app.add_middleware(Guard, auth=auth, max_body_bytes=settings.max_body_bytes)
     app.add_exception_handler(RequestRefused, _refused)
     app.add_exception_handler(RequestValidationError, _invalid)
     return app
@@ -167,6 +174,26 @@ def _field(location: Any) -> str:
     return ".".join(parts)
 
 
+LOGGED_PATH_CHARS = 256
+"""Characters of a request's path an access-log line keeps."""
+
+
+def short_paths(record: logging.LogRecord) -> bool:
+    """Log filter: cut the path of an access-log line to ``LOGGED_PATH_CHARS``.
+
+    A client chooses its URL: a line holding all of a long one would cost every
+    formatter and log pipeline in its way (and the operator's disk) as much as the
+    client likes.
+    """
+    args = record.args
+    if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+        path = args[2]
+        if len(path) > LOGGED_PATH_CHARS:
+            cut = f"{path[:LOGGED_PATH_CHARS]}...({len(path)} chars)"
+            record.args = (*args[:2], cut, *args[3:])
+    return True
+
+
 def serve(
     settings: Settings,
     *,
@@ -198,6 +225,7 @@ def serve(
     refuse_placeholders(settings)
     for name in ("uvicorn.error", "uvicorn.access"):  # startup line and one line a request
         logging.getLogger(name).setLevel(logging.INFO)
+    logging.getLogger("uvicorn.access").addFilter(short_paths)
     config = uvicorn.Config(
         create_app(settings, graphs=graphs),
         host=host,

@@ -1,60 +1,121 @@
-"""Bearer-token authentication of the HTTP service.
+"""Bearer-token authentication of the HTTP service, and the tenant each token belongs to.
 
 A request carries one of ``TOOLFLEET_API_TOKENS`` as ``Authorization: Bearer <token>`` or
 as ``X-Api-Key: <token>`` (what ``langgraph_sdk.get_client(api_key=...)`` sends). Tokens
 are compared in constant time, never logged, and never part of an error message.
+
+Each token is a *tenant*: the threads and runs it creates are its own (see
+:mod:`orchestrator.server.tenancy`). An entry ``name:token`` puts the token in the named
+tenant ``name``, so ``team-a:T1,team-a:T2,T3`` makes two tenants: ``team-a`` (two tokens)
+and the one of ``T3``. A bare token's tenant id is a keyed hash of it
+(``tk-<24 hex digits>``): it shows up in Redis keys and log lines, and must not give the
+token away. The key is the deployment's (:func:`orchestrator.server.tenancy.tenant_key`),
+so every replica derives the same ids.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 
-from fastapi import HTTPException, Request
+from tool_workers.errors import ConfigError
+
+ANONYMOUS = "anonymous"
+"""The one tenant of a server without tokens (``serve --no-auth``)."""
+
+_HASHED = "tk-"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 class TokenAuth:
-    """Checks requests against a set of accepted tokens.
+    """Checks tokens against the accepted ones and names the tenant of each.
 
     Args:
-        tokens: Accepted tokens; empty turns authentication off (``serve --no-auth``).
+        entries: Accepted tokens, each bare or as ``tenant:token``; empty turns
+            authentication off (``serve --no-auth``: every request is the anonymous tenant).
+
+    Raises:
+        ConfigError: a tenant name is not 1-64 letters, digits, ``_``, ``.``, ``-``, or is
+            reserved (``anonymous``, or starting with ``tk-``).
     """
 
-    def __init__(self, tokens: Iterable[str]) -> None:
-        self._tokens = [t.encode() for t in tokens if t]
+    def __init__(self, entries: Iterable[str]) -> None:
+        self._tokens: list[tuple[bytes, str | None]] = []
+        for entry in entries:
+            name, sep, token = entry.partition(":")
+            if not sep:
+                name, token = "", entry
+            if not token:
+                continue
+            if sep and (not _NAME.fullmatch(name) or name == ANONYMOUS or name.startswith(_HASHED)):
+                # The name may be a token's first part: it is never echoed.
+                raise ConfigError(
+                    "an entry of TOOLFLEET_API_TOKENS has an invalid tenant name (1-64 "
+                    "letters, digits, '_', '.', '-'; not 'anonymous', not starting 'tk-')"
+                )
+            self._tokens.append((token.encode(), name or None))
+        self._key: bytes | None = None
 
     @property
     def enabled(self) -> bool:
         """Whether requests need a token."""
         return bool(self._tokens)
 
+    @property
+    def tenants(self) -> int:
+        """How many tenants the tokens make."""
+        return len({name or token for token, name in self._tokens})
+
+    def bind(self, key: bytes) -> None:
+        """Set the deployment's key that bare tokens' tenant ids are hashed with."""
+        self._key = key
+
     def accepts(self, token: str | None) -> bool:
         """Whether ``token`` is one of the accepted tokens."""
-        if token is None:
-            return False
+        return self._match(token) is not None
+
+    def tenant(self, token: str | None) -> str | None:
+        """The tenant of ``token``; ``None`` if it is not accepted.
+
+        Raises:
+            RuntimeError: a bare token matched before :meth:`bind` gave the key.
+        """
+        if not self.enabled:
+            return ANONYMOUS
+        matched = self._match(token)
+        if matched is None:
+            return None
+        known, name = matched
+        if name is not None:
+            return name
+        if self._key is None:
+            raise RuntimeError("tenant key not loaded yet")
+        digest = hmac.new(self._key, known, hashlib.sha256).hexdigest()
+        return f"{_HASHED}{digest[:24]}"
+
+    def _match(self, token: str | None) -> tuple[bytes, str | None] | None:
+        if not token:
+            return None
         given = token.encode()
         # Compare against every token: the time taken does not reveal which one matched.
-        matched = [hmac.compare_digest(given, known) for known in self._tokens]
-        return any(matched)
-
-    def __call__(self, request: Request) -> None:
-        """FastAPI dependency: raise 401 unless the request carries an accepted token."""
-        if not self.enabled:
-            return
-        if self.accepts(presented_token(request)):
-            return
-        raise HTTPException(
-            status_code=401,
-            detail="missing or invalid API token (send 'Authorization: Bearer <token>')",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+        found: tuple[bytes, str | None] | None = None
+        for known, name in self._tokens:
+            if hmac.compare_digest(given, known) and found is None:
+                found = (known, name)
+        return found
 
 
-def presented_token(request: Request) -> str | None:
-    """The token a request presents, from ``Authorization: Bearer`` or ``X-Api-Key``."""
-    header = request.headers.get("authorization")
+def presented_token(headers: Mapping[str, str]) -> str | None:
+    """The token a request presents, from ``Authorization: Bearer`` or ``X-Api-Key``.
+
+    Args:
+        headers: The request's headers, names in lower case.
+    """
+    header = headers.get("authorization")
     if header:
         scheme, _, value = header.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             return value.strip()
-    return request.headers.get("x-api-key") or None
+    return headers.get("x-api-key") or None

@@ -15,6 +15,7 @@ and thread metadata, the per-run event logs and the cancel channel live there, u
     server:replica:<id>           string set while a replica lives (TTL, renewed)
     server:replica-wake:<id>      stream wakes the replica's event reader
     server:control                pub/sub cancel requests between replicas
+    server:tenant-key             string the key tenant ids of bare tokens are hashed with
 
 The id always comes last, after a prefix no other key has: thread ids are the client's
 (``user:42`` is fine), and no id can name another key.
@@ -88,3 +89,8 @@ class Keys:
     def control(self) -> str:
         """Pub/sub channel of cancel requests."""
         return f"{self.base}control"
+
+    @property
+    def tenant_key(self) -> str:
+        """The deployment's key for hashing tokens into tenant ids."""
+        return f"{self.base}tenant-key"

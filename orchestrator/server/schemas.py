@@ -7,9 +7,10 @@ type or value is a 422 that names it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from fastapi import Path
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 StreamMode = Literal[
     "values", "updates", "messages-tuple", "custom", "debug", "tasks", "checkpoints"
@@ -23,6 +24,25 @@ RunStatus = Literal["pending", "running", "error", "success", "timeout", "interr
 ThreadStatus = Literal["idle", "busy", "interrupted", "error"]
 TERMINAL_STATUSES = frozenset({"error", "success", "timeout", "interrupted"})
 """Run statuses after which nothing changes."""
+
+
+ID_MAX_CHARS = 256
+"""Longest thread, run, assistant or checkpoint id accepted."""
+
+_PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
+"""No control characters: ids go into headers (``Location``) and log lines."""
+
+Id = Annotated[str, StringConstraints(min_length=1, max_length=ID_MAX_CHARS, pattern=_PRINTABLE)]
+"""A client-given id in a body."""
+
+ThreadId = Annotated[str, Path(min_length=1, max_length=ID_MAX_CHARS, pattern=_PRINTABLE)]
+"""A thread id in the path."""
+
+RunId = Annotated[str, Path(min_length=1, max_length=ID_MAX_CHARS, pattern=_PRINTABLE)]
+"""A run id in the path."""
+
+ItemId = Annotated[str, Path(min_length=1, max_length=ID_MAX_CHARS, pattern=_PRINTABLE)]
+"""An assistant or checkpoint id in the path."""
 
 
 class _Body(BaseModel):
@@ -40,9 +60,9 @@ class RunConfig(_Body):
 class CheckpointRef(_Body):
     """A checkpoint of a thread."""
 
-    thread_id: str | None = None
-    checkpoint_ns: str = ""
-    checkpoint_id: str | None = None
+    thread_id: Id | None = None
+    checkpoint_ns: Annotated[str, StringConstraints(max_length=ID_MAX_CHARS)] = ""
+    checkpoint_id: Id | None = None
     checkpoint_map: dict[str, Any] | None = None
 
 
@@ -57,7 +77,7 @@ class RunCommand(_Body):
 class RunCreate(_Body):
     """Body of ``POST /threads/{thread_id}/runs`` (and ``/stream``, ``/wait``, ``/runs``)."""
 
-    assistant_id: str
+    assistant_id: Id
     """The assistant id, or its graph id (``"agent"``)."""
     input: dict[str, Any] | None = None
     command: RunCommand | None = None
@@ -69,7 +89,7 @@ class RunCreate(_Body):
     stream_subgraphs: bool = False
     stream_resumable: bool = False
     checkpoint: CheckpointRef | None = None
-    checkpoint_id: str | None = None
+    checkpoint_id: Id | None = None
     interrupt_before: Literal["*"] | list[str] | None = None
     interrupt_after: Literal["*"] | list[str] | None = None
     multitask_strategy: Literal["reject", "interrupt", "enqueue"] = "reject"
@@ -91,7 +111,7 @@ class RunCreate(_Body):
 class ThreadCreate(_Body):
     """Body of ``POST /threads``."""
 
-    thread_id: str | None = None
+    thread_id: Id | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     if_exists: Literal["raise", "do_nothing"] = "raise"
 
@@ -100,7 +120,7 @@ class ThreadSearch(_Body):
     """Body of ``POST /threads/search``."""
 
     metadata: dict[str, Any] | None = None
-    ids: list[str] | None = None
+    ids: list[Id] | None = Field(default=None, max_length=1000)
     status: ThreadStatus | None = None
     limit: int = Field(default=10, ge=1, le=1000)
     offset: int = Field(default=0, ge=0)
@@ -110,7 +130,7 @@ class HistoryRequest(_Body):
     """Body of ``POST /threads/{thread_id}/history``."""
 
     limit: int = Field(default=10, ge=1, le=1000)
-    before: str | CheckpointRef | None = None
+    before: Id | CheckpointRef | None = None
     """Only checkpoints older than this one: its id, the checkpoint (the Python SDK), or a
     config whose ``configurable`` is the checkpoint (the JS SDK)."""
     metadata: dict[str, Any] | None = None
@@ -134,8 +154,8 @@ class StateAtCheckpoint(_Body):
 class AssistantSearch(_Body):
     """Body of ``POST /assistants/search``."""
 
-    graph_id: str | None = None
-    name: str | None = None
+    graph_id: Id | None = None
+    name: Id | None = None
     metadata: dict[str, Any] | None = None
     limit: int = Field(default=10, ge=1, le=1000)
     offset: int = Field(default=0, ge=0)

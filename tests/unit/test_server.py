@@ -113,6 +113,7 @@ def test_given_tokens_then_only_those_are_accepted() -> None:
 def test_given_the_app_then_requests_need_a_token_and_bad_bodies_name_the_field() -> None:
     app = create_app(Settings(api_tokens=(TOKEN,)))
     app.state.services = None  # no lifespan: only what runs before the handlers is reached
+    app.state.auth.bind(b"unit-key")  # what the lifespan does with the deployment's key
     http = TestClient(app)
 
     assert http.get("/ok").json() == {"ok": True}

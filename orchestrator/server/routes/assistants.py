@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from orchestrator.server.schemas import Assistant, AssistantSearch
+from orchestrator.server.schemas import Assistant, AssistantSearch, ItemId
 from orchestrator.server.services import Svc
 
 router = APIRouter(prefix="/assistants", tags=["assistants"])
@@ -26,6 +26,6 @@ async def search_assistants(svc: Svc, body: AssistantSearch) -> list[dict[str, A
 
 
 @router.get("/{assistant_id}", response_model=Assistant)
-async def get_assistant(svc: Svc, assistant_id: str) -> dict[str, Any]:
+async def get_assistant(svc: Svc, assistant_id: ItemId) -> dict[str, Any]:
     """The assistant, by its id or its graph id."""
     return svc.graphs.get(assistant_id).assistant()

@@ -12,7 +12,7 @@ from orchestrator.server.errors import Conflict, NotFound, Unsupported
 from orchestrator.server.eventlog import parse_id
 from orchestrator.server.routes.threads import existing_thread
 from orchestrator.server.runconfig import thread_config
-from orchestrator.server.schemas import Run, RunCreate
+from orchestrator.server.schemas import Run, RunCreate, RunId, ThreadId
 from orchestrator.server.services import Services, Svc, json_response
 from orchestrator.server.store import RunRecord
 from orchestrator.server.streaming import event_filter, run_locations, sse_response
@@ -28,7 +28,7 @@ _SSE: dict[int | str, dict[str, Any]] = {
 
 
 @router.post("/threads/{thread_id}/runs", response_model=Run)
-async def create_run(svc: Svc, thread_id: str, body: RunCreate) -> Any:
+async def create_run(svc: Svc, thread_id: ThreadId, body: RunCreate) -> Any:
     """Start a background run on the thread."""
     run = await svc.runs.start_run(thread_id, body)
     return json_response(run.to_api(), headers=run_locations(run))
@@ -42,7 +42,7 @@ async def create_stateless_run(svc: Svc, body: RunCreate) -> Any:
 
 
 @router.post("/threads/{thread_id}/runs/stream", responses=_SSE, response_class=StreamingResponse)
-async def stream_run(svc: Svc, thread_id: str, body: RunCreate) -> StreamingResponse:
+async def stream_run(svc: Svc, thread_id: ThreadId, body: RunCreate) -> StreamingResponse:
     """Start a run on the thread and stream it (it goes on if the client leaves, unless
     ``on_disconnect`` is ``cancel``)."""
     return await _start_streaming(svc, thread_id, body)
@@ -55,7 +55,7 @@ async def stream_stateless_run(svc: Svc, body: RunCreate) -> StreamingResponse:
 
 
 @router.post("/threads/{thread_id}/runs/wait")
-async def wait_run(svc: Svc, thread_id: str, body: RunCreate, request: Request) -> Any:
+async def wait_run(svc: Svc, thread_id: ThreadId, body: RunCreate, request: Request) -> Any:
     """Start a run on the thread and answer with the thread's values once it is done."""
     return await _start_waiting(svc, thread_id, body, request)
 
@@ -72,7 +72,7 @@ async def wait_stateless_run(svc: Svc, body: RunCreate, request: Request) -> Any
 @router.get("/threads/{thread_id}/runs", response_model=list[Run])
 async def list_runs(
     svc: Svc,
-    thread_id: str,
+    thread_id: ThreadId,
     limit: Annotated[int, Query(ge=1, le=1000)] = 10,
     offset: Annotated[int, Query(ge=0)] = 0,
     status: str | None = None,
@@ -84,13 +84,13 @@ async def list_runs(
 
 
 @router.get("/threads/{thread_id}/runs/{run_id}", response_model=Run)
-async def get_run(svc: Svc, thread_id: str, run_id: str) -> Any:
+async def get_run(svc: Svc, thread_id: ThreadId, run_id: RunId) -> Any:
     """The run."""
     return json_response((await svc.runs.get_run(thread_id, run_id)).to_api())
 
 
 @router.delete("/threads/{thread_id}/runs/{run_id}", status_code=204)
-async def delete_run(svc: Svc, thread_id: str, run_id: str) -> Response:
+async def delete_run(svc: Svc, thread_id: ThreadId, run_id: RunId) -> Response:
     """Forget a finished run (409 while it runs: cancel it first)."""
     run = await svc.runs.get_run(thread_id, run_id)
     if not run.done:
@@ -100,7 +100,7 @@ async def delete_run(svc: Svc, thread_id: str, run_id: str) -> Response:
 
 
 @router.get("/threads/{thread_id}/runs/{run_id}/join")
-async def join_run(svc: Svc, thread_id: str, run_id: str) -> Any:
+async def join_run(svc: Svc, thread_id: ThreadId, run_id: RunId) -> Any:
     """Wait until the run is done; answer with the thread's values."""
     run = await svc.runs.wait_done(await svc.runs.get_run(thread_id, run_id))
     return json_response(await _final_values(svc, run))
@@ -111,19 +111,24 @@ async def join_run(svc: Svc, thread_id: str, run_id: str) -> Any:
 )
 async def join_stream(
     svc: Svc,
-    thread_id: str,
-    run_id: str,
+    thread_id: ThreadId,
+    run_id: RunId,
     stream_mode: Annotated[list[str] | None, Query()] = None,
     cancel_on_disconnect: bool = False,
-    last_event_id: Annotated[str | None, Header()] = None,
+    last_event_id: Annotated[str | None, Header(max_length=64)] = None,
 ) -> StreamingResponse:
-    """Stream the run from its start (or after ``Last-Event-ID``), whichever replica runs it."""
+    """Stream the run from its start (or after ``Last-Event-ID``), whichever replica runs it.
+
+    A ``Last-Event-ID`` that is not an event id of this server (``<ms>-<seq>``, ASCII
+    digits, each part below 2**64) is a 422: resuming from the start instead would
+    replay parts the client already has.
+    """
     run = await svc.runs.get_run(thread_id, run_id)
     after = last_event_id or "0-0"
     try:
         parse_id(after)
     except ValueError:
-        raise Unsupported(f"Last-Event-ID {after!r} is not an event id of this server") from None
+        raise Unsupported("Last-Event-ID is not an event id of this server") from None
     return sse_response(
         svc.runs,
         run,
@@ -136,8 +141,8 @@ async def join_stream(
 @router.post("/threads/{thread_id}/runs/{run_id}/cancel", response_model=Run)
 async def cancel_run(
     svc: Svc,
-    thread_id: str,
-    run_id: str,
+    thread_id: ThreadId,
+    run_id: RunId,
     wait: bool = False,
     action: Literal["interrupt"] = "interrupt",
 ) -> Any:

@@ -13,9 +13,11 @@ from orchestrator.server.runconfig import thread_config
 from orchestrator.server.schemas import (
     CheckpointRef,
     HistoryRequest,
+    ItemId,
     StateAtCheckpoint,
     Thread,
     ThreadCreate,
+    ThreadId,
     ThreadSearch,
     ThreadState,
 )
@@ -61,14 +63,14 @@ async def search_threads(svc: Svc, body: ThreadSearch) -> Response:
 
 
 @router.get("/{thread_id}", response_model=Thread)
-async def get_thread(svc: Svc, thread_id: str) -> Response:
+async def get_thread(svc: Svc, thread_id: ThreadId) -> Response:
     """The thread, with the values of its latest checkpoint."""
     record = await existing_thread(svc, thread_id)
     return json_response(record.to_api(values=await _values(svc, record)))
 
 
 @router.delete("/{thread_id}", status_code=204)
-async def delete_thread(svc: Svc, thread_id: str) -> Response:
+async def delete_thread(svc: Svc, thread_id: ThreadId) -> Response:
     """Cancel the thread's runs, delete its checkpoints and its records."""
     await existing_thread(svc, thread_id)
     for run in await svc.store.runs(thread_id, limit=10_000, offset=0):
@@ -80,27 +82,27 @@ async def delete_thread(svc: Svc, thread_id: str) -> Response:
 
 
 @router.get("/{thread_id}/state", response_model=ThreadState)
-async def get_state(svc: Svc, thread_id: str, subgraphs: bool = False) -> Response:
+async def get_state(svc: Svc, thread_id: ThreadId, subgraphs: bool = False) -> Response:
     """The thread's latest checkpoint."""
     return await _state(svc, thread_id, None, subgraphs)
 
 
 @router.get("/{thread_id}/state/{checkpoint_id}", response_model=ThreadState)
 async def get_state_at(
-    svc: Svc, thread_id: str, checkpoint_id: str, subgraphs: bool = False
+    svc: Svc, thread_id: ThreadId, checkpoint_id: ItemId, subgraphs: bool = False
 ) -> Response:
     """One checkpoint of the thread."""
     return await _state(svc, thread_id, checkpoint_id, subgraphs)
 
 
 @router.post("/{thread_id}/state/checkpoint", response_model=ThreadState)
-async def post_state_at(svc: Svc, thread_id: str, body: StateAtCheckpoint) -> Response:
+async def post_state_at(svc: Svc, thread_id: ThreadId, body: StateAtCheckpoint) -> Response:
     """One checkpoint of the thread (the checkpoint in the body)."""
     return await _state(svc, thread_id, body.checkpoint.checkpoint_id, body.subgraphs)
 
 
 @router.post("/{thread_id}/history", response_model=list[ThreadState])
-async def post_history(svc: Svc, thread_id: str, body: HistoryRequest) -> Response:
+async def post_history(svc: Svc, thread_id: ThreadId, body: HistoryRequest) -> Response:
     """The thread's checkpoints, newest first."""
     before = body.before.checkpoint_id if isinstance(body.before, CheckpointRef) else body.before
     start = body.checkpoint.checkpoint_id if body.checkpoint else None
@@ -110,7 +112,7 @@ async def post_history(svc: Svc, thread_id: str, body: HistoryRequest) -> Respon
 @router.get("/{thread_id}/history", response_model=list[ThreadState])
 async def get_history(
     svc: Svc,
-    thread_id: str,
+    thread_id: ThreadId,
     limit: Annotated[int, Query(ge=1, le=1000)] = 10,
     before: str | None = None,
 ) -> Response:
