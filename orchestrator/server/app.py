@@ -126,7 +126,7 @@ async def _services(
             sources = [ProjectSource(graph, checkpointer, graph_store) for graph in project]
         graphs = Graphs(sources)
         store = Store(strings, keys, settings.run_ttl)
-        relay = EventRelay(relay_client, keys, replica)
+        relay = EventRelay(relay_client, raw, keys, replica)
         manager = RunManager(
             client=strings,
             keys=keys,

@@ -8,7 +8,10 @@ ids, so a client that reconnects with ``Last-Event-ID`` resumes where it left of
 
 A replica reads all the runs its clients follow with one blocking ``XREAD`` over their
 streams (not a connection per client); a per-replica *wake* stream in the same ``XREAD``
-lets a new follower join without waiting for the block to time out.
+lets a new follower join without waiting for the block to time out. One stream that
+Redis refuses to read (a key of the wrong type, say) must not starve the others: when
+the shared read fails with a reply error, each stream is read alone once, and only the
+followers of the failing ones are dropped (their clients see the stream end).
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from orchestrator.server.encoding import loads
 from orchestrator.server.keys import Keys
@@ -35,7 +39,9 @@ END = "__end__"
 MAX_EVENTS = 10_000
 """Entries kept per run (approximately): a very long run's earliest parts are trimmed."""
 
-_BLOCK_MS = 5_000
+BLOCK_MS = 5_000
+"""Longest blocking read of the relay (its connection's socket timeout is longer)."""
+
 _BACKLOG = 10_000
 """Entries buffered for one follower; a follower that falls this far behind is dropped
 (its client reconnects with ``Last-Event-ID`` and catches up from Redis)."""
@@ -49,14 +55,42 @@ class Entry(NamedTuple):
     data: bytes
 
 
+_ENTRY_ID = re.compile(r"([0-9]{1,20})(?:-([0-9]{1,20}))?", re.ASCII)
+_ID_MAX = 2**64 - 1
+
+
 def parse_id(entry_id: str) -> tuple[int, int]:
     """A stream entry id (``"1700000000000-0"`` or ``"0"``) as a comparable pair.
+
+    Only what Redis accepts as a stream id passes: ASCII digits, each part below 2**64
+    (``int()`` alone would also take ``"5_000"`` and non-ASCII digits, which Redis
+    refuses).
 
     Raises:
         ValueError: not an entry id.
     """
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
+    match = _ENTRY_ID.fullmatch(entry_id)
+    if match is None:
+        raise ValueError(f"not a stream entry id: {entry_id[:40]!r}")
+    ms, seq = int(match[1]), int(match[2] or 0)
+    if ms > _ID_MAX or seq > _ID_MAX:
+        raise ValueError(f"stream entry id out of range: {entry_id[:40]!r}")
+    return ms, seq
+
+
+def canonical_id(entry_id: str) -> str:
+    """``entry_id`` in the ``<ms>-<seq>`` form Redis answers with.
+
+    Raises:
+        ValueError: not an entry id.
+    """
+    ms, seq = parse_id(entry_id)
+    return f"{ms}-{seq}"
+
+
+class FollowerDropped(Exception):
+    """Raised to a follower the relay stopped feeding (it fell behind, or its stream
+    cannot be read); its client reconnects, or polls the run's record."""
 
 
 class EventLog:
@@ -115,38 +149,65 @@ class Follower:
     run_id: str
     position: str
     queue: asyncio.Queue[Entry] = field(default_factory=asyncio.Queue)
-    dropped: bool = False
+    dropped: str | None = None
+    """Why the relay stopped feeding this follower, once it has."""
+    _woken: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def next(self, timeout: float | None = None) -> Entry | None:
         """The next entry; ``None`` after ``timeout`` seconds without one.
 
         Raises:
-            OverflowError: this follower fell too far behind and was dropped.
+            FollowerDropped: the relay stopped feeding this follower.
         """
-        if self.dropped and self.queue.empty():
-            raise OverflowError(f"reader of run {self.run_id} fell behind")
+        if self.dropped is not None and self.queue.empty():
+            raise FollowerDropped(f"reader of run {self.run_id}: {self.dropped}")
         try:
-            return await asyncio.wait_for(self.queue.get(), timeout)
+            return await asyncio.wait_for(self._get(), timeout)
         except TimeoutError:
             return None
+
+    async def _get(self) -> Entry:
+        while self.queue.empty():
+            if self.dropped is not None:
+                raise FollowerDropped(f"reader of run {self.run_id}: {self.dropped}")
+            self._woken.clear()
+            await self._woken.wait()
+        return self.queue.get_nowait()
+
+    def put(self, entry: Entry) -> None:
+        """Hand the follower one entry (the relay)."""
+        self.queue.put_nowait(entry)
+        self.position = entry.id
+        self._woken.set()
+
+    def drop(self, reason: str) -> None:
+        """Stop feeding the follower; its reader gets :class:`FollowerDropped`."""
+        self.dropped = reason
+        self._woken.set()
 
 
 class EventRelay:
     """Feeds every follower on this replica from one blocking ``XREAD``.
 
     Args:
-        client: A ``redis.asyncio`` client (bytes responses) the relay uses alone.
+        client: A ``redis.asyncio`` client (bytes responses) for the blocking read alone;
+            its socket timeout must exceed :data:`BLOCK_MS`.
+        waker: A client (any responses) for the wake writes, shared with other users.
         keys: Key names of the deployment.
         replica_id: This replica's id (names its wake stream).
     """
 
-    def __init__(self, client: aioredis.Redis, keys: Keys, replica_id: str) -> None:
+    def __init__(
+        self, client: aioredis.Redis, waker: aioredis.Redis, keys: Keys, replica_id: str
+    ) -> None:
         self._r: Any = client
+        self._waker: Any = waker
         self._keys = keys
         self._wake_key = keys.wake(replica_id)
         self._wake_position = "0-0"
         self._followers: dict[str, set[Follower]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._wake_sent = False
 
     async def start(self) -> None:
         """Start the reader task."""
@@ -159,12 +220,21 @@ class EventRelay:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         with contextlib.suppress(RedisError, OSError):
-            await self._r.delete(self._wake_key)
+            await self._waker.delete(self._wake_key)
+
+    @property
+    def followers(self) -> int:
+        """Followers the relay feeds now."""
+        return sum(len(f) for f in self._followers.values())
 
     @contextlib.asynccontextmanager
     async def follow(self, run_id: str, after: str = "0-0") -> AsyncIterator[Follower]:
-        """Follow the run's log from just after entry ``after`` (``"0-0"``: the start)."""
-        follower = Follower(run_id, after)
+        """Follow the run's log from just after entry ``after`` (``"0-0"``: the start).
+
+        Raises:
+            ValueError: ``after`` is not a stream entry id.
+        """
+        follower = Follower(run_id, canonical_id(after))
         self._followers.setdefault(run_id, set()).add(follower)
         try:
             await self._wake()
@@ -177,14 +247,23 @@ class EventRelay:
                     del self._followers[run_id]
 
     async def _wake(self) -> None:
-        async with self._r.pipeline(transaction=False) as pipe:
-            pipe.xadd(self._wake_key, {"w": uuid.uuid4().hex[:8]}, maxlen=16, approximate=False)
-            pipe.expire(self._wake_key, 86_400)
-            await pipe.execute()
+        # One wake a read: the reader takes every follower added since it last looked.
+        if self._wake_sent:
+            return
+        self._wake_sent = True
+        try:
+            async with self._waker.pipeline(transaction=False) as pipe:
+                pipe.xadd(self._wake_key, {"w": uuid.uuid4().hex[:8]}, maxlen=16, approximate=False)
+                pipe.expire(self._wake_key, 86_400)
+                await pipe.execute()
+        except BaseException:
+            self._wake_sent = False
+            raise
 
     async def _read_forever(self) -> None:
         backoff = 0.1
         while True:
+            self._wake_sent = False  # before looking: a follower added after it wakes again
             streams: dict[str, str] = {self._wake_key: self._wake_position}
             by_key: dict[bytes, str] = {}
             for run_id, followers in list(self._followers.items()):
@@ -194,7 +273,16 @@ class EventRelay:
                 streams[key] = min((f.position for f in followers), key=parse_id)
                 by_key[key.encode()] = run_id
             try:
-                result = await self._r.xread(streams, block=_BLOCK_MS, count=500)
+                result = await self._r.xread(streams, block=BLOCK_MS, count=500)
+            except ResponseError:
+                # Redis refused one of the streams: find it, drop its followers, go on.
+                try:
+                    if not await self._drop_unreadable(streams, by_key):
+                        await asyncio.sleep(backoff)  # none failed alone: do not spin
+                except (RedisError, OSError) as exc:
+                    log.warning("event relay lost Redis (%r); retrying", exc)
+                    await asyncio.sleep(backoff)
+                continue
             except (RedisError, OSError) as exc:
                 log.warning("event relay lost Redis (%r); retrying", exc)
                 await asyncio.sleep(backoff)
@@ -210,6 +298,25 @@ class EventRelay:
                 if followed is not None:
                     self._deliver(followed, [_entry(*e) for e in entries])
 
+    async def _drop_unreadable(self, streams: dict[str, str], by_key: dict[bytes, str]) -> int:
+        """Read each stream alone; drop the followers of those Redis refuses. Returns
+        how many streams failed."""
+        failed = 0
+        for key, position in streams.items():
+            try:
+                await self._r.xread({key: position}, count=1)
+            except ResponseError as exc:
+                failed += 1
+                run_id = by_key.get(key.encode())
+                if run_id is None:  # the wake stream itself: start it afresh
+                    self._wake_position = "0-0"
+                    await self._waker.delete(self._wake_key)
+                    continue
+                log.warning("event log of run %s cannot be read (%s)", run_id, exc)
+                for follower in self._followers.pop(run_id, set()):
+                    follower.drop("its event log cannot be read")
+        return failed
+
     def _deliver(self, run_id: str, entries: list[Entry]) -> None:
         for follower in list(self._followers.get(run_id, ())):
             position = parse_id(follower.position)
@@ -217,8 +324,7 @@ class EventRelay:
                 if parse_id(entry.id) <= position:
                     continue
                 if follower.queue.qsize() >= _BACKLOG:
-                    follower.dropped = True
+                    follower.drop("it fell behind")
                     self._followers[run_id].discard(follower)
                     break
-                follower.queue.put_nowait(entry)
-                follower.position = entry.id
+                follower.put(entry)

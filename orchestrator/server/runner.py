@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 from orchestrator.server.control import RENEW_INTERVAL, ReplicaControl
 from orchestrator.server.encoding import dumps
 from orchestrator.server.errors import AtCapacity, Conflict, NotFound, Unsupported
-from orchestrator.server.eventlog import END, EventLog, EventRelay
+from orchestrator.server.eventlog import END, EventLog, EventRelay, FollowerDropped
 from orchestrator.server.graphs import Graphs, GraphSource, assistant_id_for
 from orchestrator.server.keys import Keys
 from orchestrator.server.runconfig import run_config, thread_config
@@ -403,7 +403,11 @@ class RunManager:
             return await self.get_run(run.thread_id, run.run_id)
         async with self.relay.follow(run.run_id, last.id if last else "0-0") as follower:
             while True:
-                entry = await follower.next(timeout=poll)
+                try:
+                    entry = await follower.next(timeout=poll)
+                except FollowerDropped:  # no more entries come: watch the record instead
+                    await asyncio.sleep(poll)
+                    entry = None
                 if entry is not None and entry.event == END:
                     break
                 if entry is None and (await self.get_run(run.thread_id, run.run_id)).done:

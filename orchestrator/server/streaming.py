@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Iterable
 from fastapi.responses import StreamingResponse
 
 from orchestrator.server.encoding import SSE_HEARTBEAT, dumps, sse_frame
-from orchestrator.server.eventlog import END
+from orchestrator.server.eventlog import END, FollowerDropped
 from orchestrator.server.runner import RunManager
 from orchestrator.server.store import RunRecord
 
@@ -73,8 +73,8 @@ async def _frames(
             while True:
                 try:
                     entry = await follower.next(timeout=HEARTBEAT)
-                except OverflowError:
-                    return  # fell behind: the client reconnects with Last-Event-ID
+                except FollowerDropped:
+                    return  # the client reconnects with Last-Event-ID
                 if entry is None:
                     yield SSE_HEARTBEAT
                     await runs.get_run(run.thread_id, run.run_id)  # notices a lost replica

@@ -7,15 +7,20 @@ what the server reads (or does not read) of a request.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import socket
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from orchestrator.server.guard import MAX_HEADER_BYTES, MAX_URL_BYTES
+from orchestrator.server.keys import Keys
 from tests.support.serving import ServerProcess, prefork_fleet, start_server
 from tool_workers.settings import Settings
 
@@ -147,3 +152,91 @@ def test_ids_longer_than_the_cap_are_422_naming_the_field(server: ServerProcess)
         f"{server.url}/runs/wait", json={"assistant_id": "a" * 300}, headers=auth(server)
     )
     assert run.status_code == 422 and "assistant_id" in run.json()["detail"]
+
+
+def ask(*calls: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """Run input whose user message makes the test model call ``calls`` at once."""
+    return {
+        "messages": [{"role": "user", "content": json.dumps({"calls": [list(c) for c in calls]})}]
+    }
+
+
+async def finished_run(http: httpx.AsyncClient) -> tuple[str, str]:
+    """A thread and a run on it that has finished."""
+    thread = (await http.post("/threads", json={})).json()["thread_id"]
+    done = await http.post(
+        f"/threads/{thread}/runs/wait", json={"assistant_id": "agent", "input": ask()}
+    )
+    assert done.status_code == 200
+    runs = (await http.get(f"/threads/{thread}/runs")).json()
+    return thread, runs[0]["run_id"]
+
+
+async def streamed_values(http: httpx.AsyncClient) -> list[str]:
+    """Stream a new run of one 0.3 s tool call; the event names received."""
+    thread = (await http.post("/threads", json={})).json()["thread_id"]
+    body = {"assistant_id": "agent", "input": ask(("sleep_for", {"seconds": 0.3}))}
+    events = []
+    async with http.stream("POST", f"/threads/{thread}/runs/stream", json=body) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("event: "):
+                events.append(line.removeprefix("event: "))
+    return events
+
+
+@pytest.mark.parametrize("bad", ["99999999999999999999-0", "5_000", "\u0663-0", "1-2-3", "x"])
+def test_a_bad_last_event_id_is_422_and_other_streams_go_on(
+    server: ServerProcess, bad: str
+) -> None:
+    """Given a ``Last-Event-ID`` Redis would refuse as a stream id, then joining a run's
+    stream with it is a 422, and a run streamed meanwhile gets all its parts."""
+
+    async def scenario() -> tuple[int, list[str]]:
+        async with httpx.AsyncClient(base_url=server.url, headers=auth(server)) as http:
+            thread, run = await finished_run(http)
+            headers = {"Last-Event-ID": bad.encode()}
+            joined = await http.get(f"/threads/{thread}/runs/{run}/stream", headers=headers)
+            return joined.status_code, await asyncio.wait_for(streamed_values(http), 30)
+
+    status, events = asyncio.run(scenario())
+
+    assert status == 422
+    assert events[0] == "metadata" and "values" in events
+
+
+def test_one_unreadable_event_log_does_not_stall_other_streams(
+    server: ServerProcess, redis_url: str
+) -> None:
+    """Given a follower of a run whose event log Redis cannot read (the key holds a
+    string), when another run is streamed meanwhile, then that stream gets all its
+    parts, and the broken one ends instead of hanging."""
+    client = redis.Redis.from_url(redis_url)
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        async with httpx.AsyncClient(base_url=server.url, headers=auth(server), timeout=60) as http:
+            thread, run = await finished_run(http)
+            key = Keys(server.settings.key_prefix).events(run)
+            client.delete(key)
+            client.set(key, "not a stream", ex=600)
+            broken: list[str] = []
+
+            async def follow_broken() -> None:
+                async with http.stream("GET", f"/threads/{thread}/runs/{run}/stream") as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("event: "):
+                            broken.append(line.removeprefix("event: "))
+
+            follower = asyncio.create_task(follow_broken())
+            while not broken:
+                await asyncio.sleep(0.05)
+            events = await asyncio.wait_for(streamed_values(http), 30)
+            await asyncio.wait_for(follower, 30)
+            return broken, events
+
+    try:
+        broken, events = asyncio.run(scenario())
+    finally:
+        client.close()
+
+    assert broken == ["metadata"]
+    assert events[0] == "metadata" and "values" in events

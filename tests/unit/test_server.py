@@ -212,8 +212,10 @@ def test_given_a_module_without_a_package_then_the_model_is_imported_from_it(
 
 def test_given_stream_entry_ids_then_they_order_numerically() -> None:
     assert parse_id("0") == (0, 0) < parse_id("9-1") < parse_id("10-0") < parse_id("10-2")
-    with pytest.raises(ValueError):
-        parse_id("not-an-id")
+    for bad in ("not-an-id", "5_000", "\u0663-0", "99999999999999999999-0", "1-", " 1-0"):
+        with pytest.raises(ValueError):
+            parse_id(bad)
+    assert parse_id("18446744073709551615-0") == (2**64 - 1, 0)
 
 
 def test_given_a_run_record_then_its_api_form_is_a_protocol_run() -> None:
