@@ -227,6 +227,12 @@ class Settings(BaseSettings):
     """Largest request body the HTTP service reads; larger ones are refused with 413."""
     max_runs: int = Field(default=64, gt=0)
     """Runs one orchestrator replica executes at once; more are refused with 429."""
+    tenant_max_runs: int | None = Field(default=None, gt=0)
+    """Runs of one tenant a replica executes at once (more wait, pending); default a
+    quarter of ``max_runs``."""
+    tenant_max_queued: int | None = Field(default=None, ge=0)
+    """Runs of one tenant a replica keeps waiting beyond those (more are refused with
+    429); default a quarter of ``max_runs``."""
     run_ttl: int = Field(default=604_800, gt=0)
     """Seconds a finished run's record and event log are kept in Redis."""
 

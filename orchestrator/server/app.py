@@ -37,7 +37,7 @@ from orchestrator.server.routes import assistants, metrics, runs, system, thread
 from orchestrator.server.runner import RunManager
 from orchestrator.server.services import Services
 from orchestrator.server.store import Store
-from orchestrator.server.tenancy import tenant_key
+from orchestrator.server.tenancy import tenant_key, tenant_quota
 from tool_workers.connections import async_redis_client, mask_secrets
 from tool_workers.errors import ConfigError
 from tool_workers.placeholders import refuse_placeholders
@@ -137,6 +137,7 @@ async def _services(
             checkpointer=checkpointer,
             max_runs=settings.max_runs,
             replica_id=replica,
+            quota=tenant_quota(settings),
         )
         await relay.start()
         await manager.start()

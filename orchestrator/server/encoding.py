@@ -56,20 +56,26 @@ SSE_HEARTBEAT = b": heartbeat\n\n"
 """An SSE comment: keeps idle connections open through proxies; clients ignore it."""
 
 
-def _checkpoint(config: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _checkpoint(config: Mapping[str, Any] | None, thread_id: str | None) -> dict[str, Any] | None:
     if not config:
         return None
     conf = config.get("configurable") or {}
     return {
-        "thread_id": conf.get("thread_id"),
+        "thread_id": thread_id or conf.get("thread_id"),
         "checkpoint_ns": conf.get("checkpoint_ns", ""),
         "checkpoint_id": conf.get("checkpoint_id"),
         "checkpoint_map": conf.get("checkpoint_map"),
     }
 
 
-def thread_state(snapshot: StateSnapshot) -> dict[str, Any]:
-    """A LangGraph state snapshot as the protocol's ``ThreadState``."""
+def thread_state(snapshot: StateSnapshot, thread_id: str | None = None) -> dict[str, Any]:
+    """A LangGraph state snapshot as the protocol's ``ThreadState``.
+
+    Args:
+        snapshot: The snapshot.
+        thread_id: The thread id the client knows the thread by, shown in the checkpoints
+            instead of the graph's own (the thread key).
+    """
     tasks = []
     for task in snapshot.tasks:
         state = task.state
@@ -79,18 +85,20 @@ def thread_state(snapshot: StateSnapshot) -> dict[str, Any]:
                 "name": task.name,
                 "error": str(task.error) if task.error is not None else None,
                 "interrupts": list(task.interrupts),
-                "checkpoint": _checkpoint(state) if isinstance(state, Mapping) else None,
-                "state": thread_state(state) if isinstance(state, StateSnapshot) else None,
+                "checkpoint": _checkpoint(state, thread_id) if isinstance(state, Mapping) else None,
+                "state": thread_state(state, thread_id)
+                if isinstance(state, StateSnapshot)
+                else None,
                 "result": task.result,
             }
         )
     return {
         "values": snapshot.values,
         "next": list(snapshot.next),
-        "checkpoint": _checkpoint(snapshot.config),
+        "checkpoint": _checkpoint(snapshot.config, thread_id),
         "metadata": snapshot.metadata,
         "created_at": snapshot.created_at,
-        "parent_checkpoint": _checkpoint(snapshot.parent_config),
+        "parent_checkpoint": _checkpoint(snapshot.parent_config, thread_id),
         "tasks": tasks,
         "interrupts": list(snapshot.interrupts),
     }

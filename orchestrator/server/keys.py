@@ -4,11 +4,11 @@ Every replica of the service talks to the same Redis (it is the broker already),
 and thread metadata, the per-run event logs and the cancel channel live there, under
 ``<namespace>:toolfleet:server:``::
 
-    server:thread:<id>            hash   thread record (status, metadata, times)
-    server:threads                zset   thread ids by creation time (search)
-    server:thread-runs:<id>       zset   the thread's run ids by creation time
-    server:thread-lock:<id>       string id of the run that holds the thread (TTL, renewed)
-    server:thread-queue:<id>      list   runs waiting for the thread (multitask "enqueue")
+    server:thread:<key>           hash   thread record (status, metadata, times)
+    server:threads:<tenant>       zset   the tenant's thread ids by creation time (search)
+    server:thread-runs:<key>      zset   the thread's run ids by creation time
+    server:thread-lock:<key>      string id of the run that holds the thread (TTL, renewed)
+    server:thread-queue:<key>     list   runs waiting for the thread (multitask "enqueue")
     server:run:<id>               hash   run record (status, owner replica, kwargs, error)
     server:run-alive:<id>         string set while a queued run's replica waits for it (TTL)
     server:run-events:<id>        stream the run's stream parts, then an end marker
@@ -17,6 +17,7 @@ and thread metadata, the per-run event logs and the cancel channel live there, u
     server:control                pub/sub cancel requests between replicas
     server:tenant-key             string the key tenant ids of bare tokens are hashed with
 
+``<key>`` is a thread key, ``<tenant>/<thread id>`` (:mod:`orchestrator.server.tenancy`).
 The id always comes last, after a prefix no other key has: thread ids are the client's
 (``user:42`` is fine), and no id can name another key.
 """
@@ -43,10 +44,9 @@ class Keys:
         """Hash holding a thread's record."""
         return f"{self.base}thread:{thread_id}"
 
-    @property
-    def threads(self) -> str:
-        """Sorted set of thread ids by creation time."""
-        return f"{self.base}threads"
+    def threads(self, tenant: str) -> str:
+        """Sorted set of the tenant's thread ids by creation time."""
+        return f"{self.base}threads:{tenant}"
 
     def thread_runs(self, thread_id: str) -> str:
         """Sorted set of a thread's run ids by creation time."""

@@ -9,9 +9,10 @@ from orchestrator.server.schemas import RunConfig, RunCreate
 from orchestrator.server.store import RunRecord
 
 
-def thread_config(thread_id: str, checkpoint_id: str | None = None) -> dict[str, Any]:
-    """The LangGraph config that reads a thread (at a checkpoint, or its latest)."""
-    configurable: dict[str, Any] = {"thread_id": thread_id}
+def thread_config(thread: str, checkpoint_id: str | None = None) -> dict[str, Any]:
+    """The LangGraph config that reads the thread with key ``thread`` (at a checkpoint,
+    or its latest)."""
+    configurable: dict[str, Any] = {"thread_id": thread}
     if checkpoint_id:
         configurable["checkpoint_id"] = checkpoint_id
     return {"configurable": configurable}
@@ -27,7 +28,8 @@ def run_config(run: RunRecord, body: RunCreate, graph_id: str) -> dict[str, Any]
         "assistant_id": run.assistant_id,
         "graph_id": graph_id,
     }
-    configurable: dict[str, Any] = {**given.configurable, **identity}
+    # The graph's thread is the thread key: two tenants' threads "t1" are two threads.
+    configurable: dict[str, Any] = {**given.configurable, **identity, "thread_id": run.thread_key}
     if body.checkpoint is not None:
         configurable.update(body.checkpoint.model_dump(exclude_none=True, exclude={"thread_id"}))
     if body.checkpoint_id:

@@ -37,6 +37,7 @@ from orchestrator.server.keys import Keys
 from orchestrator.server.runconfig import run_config, thread_config
 from orchestrator.server.schemas import RunCreate
 from orchestrator.server.store import RunRecord, Store, now_iso
+from orchestrator.server.tenancy import TenantQuota, thread_key
 
 log = logging.getLogger("toolfleet.server")
 
@@ -65,6 +66,7 @@ class RunManager:
         checkpointer: The LangGraph checkpointer (temporary threads are deleted from it).
         max_runs: Runs this replica executes at once.
         replica_id: This replica's id.
+        quota: Each tenant's share of the replica's runs (default: all of them).
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class RunManager:
         checkpointer: BaseCheckpointSaver[Any],
         max_runs: int,
         replica_id: str,
+        quota: TenantQuota | None = None,
     ) -> None:
         self.store = store
         self.events = events
@@ -87,6 +90,7 @@ class RunManager:
         self._checkpointer = checkpointer
         self.max_runs = max_runs
         self.replica_id = replica_id
+        self.quota = quota or TenantQuota(max_runs, 0)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._reserved = 0
         self.control = ReplicaControl(client, keys, replica_id, self._cancel_local)
@@ -121,36 +125,42 @@ class RunManager:
 
     # -- starting runs -------------------------------------------------------------------
 
-    async def start_run(self, thread_id: str | None, body: RunCreate) -> RunRecord:
-        """Create a run on the thread (a new temporary one for ``None``) and start it.
+    async def start_run(self, tenant: str, thread_id: str | None, body: RunCreate) -> RunRecord:
+        """Create a run on the tenant's thread (a new temporary one for ``None``), start it.
 
         Raises:
             NotFound: unknown assistant, or unknown thread and ``if_not_exists="reject"``.
             Conflict: the thread is busy and the multitask strategy is ``reject``.
             Unsupported: both ``input`` and ``command`` given.
-            AtCapacity: this replica already executes its maximum of runs.
+            AtCapacity: this replica, or the tenant's share of it, holds its maximum of
+                runs.
         """
         self.graphs.get(body.assistant_id)  # NotFound before anything is recorded
         if body.input is not None and body.command is not None:
             raise Unsupported("give either input or command, not both")
         if self.active >= self.max_runs:
             raise AtCapacity(f"this replica runs {self.max_runs} runs already; retry later")
+        self.quota.take(tenant)
         self._reserved += 1
+        created: RunRecord | None = None
         try:
-            return await self._create(thread_id, body)
+            created = await self._create(tenant, thread_id, body)
+            return created
         finally:
             self._reserved -= 1
+            if created is None:
+                self.quota.give_back(tenant)
 
-    async def _create(self, thread_id: str | None, body: RunCreate) -> RunRecord:
+    async def _create(self, tenant: str, thread_id: str | None, body: RunCreate) -> RunRecord:
         source = self.graphs.get(body.assistant_id)
         assistant_id = assistant_id_for(source.graph_id)
         temporary = thread_id is None
         thread_id = thread_id or str(uuid.uuid4())
-        thread = await self.store.thread(thread_id)
+        thread = await self.store.thread(thread_key(tenant, thread_id))
         if thread is None:
             if not temporary and body.if_not_exists != "create":
                 raise NotFound(f"thread {thread_id} not found")
-            thread, _ = await self.store.create_thread(thread_id, {})
+            thread, _ = await self.store.create_thread(tenant, thread_id, {})
         # As LangGraph's server does: chat UIs list an assistant's threads by these.
         await self.store.tag_thread(
             thread, {"graph_id": source.graph_id, "assistant_id": assistant_id}
@@ -167,11 +177,13 @@ class RunManager:
             metadata=dict(body.metadata),
             multitask_strategy=body.multitask_strategy,
             kwargs=body.model_dump(mode="json", exclude_none=True, exclude={"metadata"}),
+            tenant=tenant,
         )
+        key = run.thread_key
         admitted = False
         if body.multitask_strategy == "reject":
-            if not await self.store.admit(thread_id, run.run_id):
-                holder = await self.store.holder(thread_id)
+            if not await self.store.admit(key, run.run_id):
+                holder = await self.store.holder(key)
                 raise Conflict(
                     f"thread {thread_id} is busy (run {holder or 'queued'}); pass "
                     "multitask_strategy 'enqueue' or 'interrupt' to run after it"
@@ -180,13 +192,13 @@ class RunManager:
             try:
                 await self.store.put_run(run)
             except BaseException:
-                await self.store.release(thread_id, run.run_id)
+                await self.store.release(key, run.run_id)
                 raise
         else:
             await self.store.put_run(run)
             first = body.multitask_strategy == "interrupt"
-            await self.store.enqueue(thread_id, run.run_id, first=first)
-            if first and (holder := await self.store.holder(thread_id)):
+            await self.store.enqueue(key, run.run_id, first=first)
+            if first and (holder := await self.store.holder(key)):
                 current = await self.store.run(holder)
                 if current is not None and not current.done:
                     await self.cancel(current)
@@ -227,15 +239,16 @@ class RunManager:
                 await self._wait_for_thread(run)
                 held = True
                 renewer = asyncio.create_task(self._renew_hold(run))
-            if await self.store.cancel_requested(run.run_id):
-                raise asyncio.CancelledError
-            await self.store.set_run_status(run.run_id, "running")
-            await self.store.set_thread_status(run.thread_id, "busy")
-            self._running.add(run.run_id)
-            config = run_config(run, body, source.graph_id)
-            graph = await source.for_run(config)
-            async for event, chunk in self._stream(graph, config, body):
-                await self.events.append(run.run_id, event, dumps(chunk))
+            async with self.quota.slot(run.tenant):  # the tenant's runs wait their turn here
+                if await self.store.cancel_requested(run.run_id):
+                    raise asyncio.CancelledError
+                await self.store.set_run_status(run.run_id, "running")
+                await self.store.set_thread_status(run.thread_key, "busy")
+                self._running.add(run.run_id)
+                config = run_config(run, body, source.graph_id)
+                graph = await source.for_run(config)
+                async for event, chunk in self._stream(graph, config, body):
+                    await self.events.append(run.run_id, event, dumps(chunk))
             status = "success"
         except asyncio.CancelledError:
             status = "interrupted"
@@ -266,19 +279,20 @@ class RunManager:
             await self.store.set_run_status(run.run_id, status, error)
             if held:
                 await self.store.set_thread_status(
-                    run.thread_id, await self._thread_status(run, status)
+                    run.thread_key, await self._thread_status(run, status)
                 )
-                await self.store.release(run.thread_id, run.run_id)
+                await self.store.release(run.thread_key, run.run_id)
             else:
-                await self.store.leave_queue(run.thread_id, run.run_id)
+                await self.store.leave_queue(run.thread_key, run.run_id)
             if temporary and body.on_completion != "keep":
-                await self.store.delete_thread(run.thread_id, keep_runs=True)
-                await self._checkpointer.adelete_thread(run.thread_id)
+                await self.store.delete_thread(run.thread_key, keep_runs=True)
+                await self._checkpointer.adelete_thread(run.thread_key)
             await self.events.end(run.run_id, status)  # last: waiters then see it all done
         except Exception:
             log.exception("could not record the end of run %s", run.run_id)
         finally:
-            self._tasks.pop(run.run_id, None)
+            if self._tasks.pop(run.run_id, None) is not None:
+                self.quota.give_back(run.tenant)
             self._started.discard(run.run_id)
             self._running.discard(run.run_id)
         log.info("run %s on thread %s ended: %s", run.run_id, run.thread_id, status)
@@ -289,13 +303,13 @@ class RunManager:
         if status != "success":
             return "idle"
         source = self.graphs.find(run.assistant_id) or self.graphs.default
-        graph = await source.for_thread(run.thread_id)
-        snapshot = await graph.aget_state(thread_config(run.thread_id))
+        graph = await source.for_thread(run.thread_key)
+        snapshot = await graph.aget_state(thread_config(run.thread_key))
         return "interrupted" if snapshot.next else "idle"
 
     async def _wait_for_thread(self, run: RunRecord) -> None:
         renewed = time.monotonic()
-        while not await self.store.admit(run.thread_id, run.run_id):
+        while not await self.store.admit(run.thread_key, run.run_id):
             if await self.store.cancel_requested(run.run_id):
                 raise asyncio.CancelledError
             if time.monotonic() - renewed > RENEW_INTERVAL:
@@ -307,7 +321,7 @@ class RunManager:
         while True:
             await asyncio.sleep(RENEW_INTERVAL)
             try:
-                if not await self.store.renew(run.thread_id, run.run_id):
+                if not await self.store.renew(run.thread_key, run.run_id):
                     log.warning("run %s lost its hold on thread %s", run.run_id, run.thread_id)
                 if await self.store.cancel_requested(run.run_id):
                     self._cancel_local(run.run_id)
@@ -362,7 +376,7 @@ class RunManager:
 
     async def _cancel_quietly(self, run: RunRecord) -> None:
         with contextlib.suppress(Conflict):
-            await self.cancel(await self.get_run(run.thread_id, run.run_id))
+            await self.cancel(await self.refresh(run))
 
     def _cancel_local(self, run_id: str) -> bool:
         task = self._tasks.get(run_id)
@@ -371,14 +385,14 @@ class RunManager:
         task.cancel()
         return True
 
-    async def get_run(self, thread_id: str, run_id: str) -> RunRecord:
-        """The run of the thread; one whose replica died is marked failed here.
+    async def get_run(self, tenant: str, thread_id: str, run_id: str) -> RunRecord:
+        """The run of the tenant's thread; one whose replica died is marked failed here.
 
         Raises:
-            NotFound: no such run on the thread.
+            NotFound: no such run on the thread (or it is another tenant's).
         """
         run = await self.store.run(run_id)
-        if run is None or run.thread_id != thread_id:
+        if run is None or run.thread_id != thread_id or run.tenant != tenant:
             raise NotFound(f"run {run_id} not found on thread {thread_id}")
         if run.done or run.run_id in self._tasks:
             return run
@@ -390,9 +404,13 @@ class RunManager:
         }
         run.status = "error"
         await self.store.set_run_status(run.run_id, "error", run.error)
-        await self.store.release(run.thread_id, run.run_id)
+        await self.store.release(run.thread_key, run.run_id)
         await self.events.end(run.run_id, "error")
         return run
+
+    async def refresh(self, run: RunRecord) -> RunRecord:
+        """The run's record as it is now (see :meth:`get_run`)."""
+        return await self.get_run(run.tenant, run.thread_id, run.run_id)
 
     async def wait_done(self, run: RunRecord, poll: float = 5.0) -> RunRecord:
         """Wait until the run has finished; returns its final record."""
@@ -400,7 +418,7 @@ class RunManager:
             return run
         last = await self.events.last(run.run_id)
         if last is not None and last.event == END:
-            return await self.get_run(run.thread_id, run.run_id)
+            return await self.refresh(run)
         async with self.relay.follow(run.run_id, last.id if last else "0-0") as follower:
             while True:
                 try:
@@ -410,6 +428,6 @@ class RunManager:
                     entry = None
                 if entry is not None and entry.event == END:
                     break
-                if entry is None and (await self.get_run(run.thread_id, run.run_id)).done:
+                if entry is None and (await self.refresh(run)).done:
                     break
-        return await self.get_run(run.thread_id, run.run_id)
+        return await self.refresh(run)

@@ -47,3 +47,13 @@ def json_response(
 
 Svc = Annotated[Services, Depends(services)]
 """A route parameter of this type receives the replica's services."""
+
+
+def tenant(request: Request) -> str:
+    """FastAPI dependency: the tenant making the request (set by the guard)."""
+    found: str = request.state.tenant
+    return found
+
+
+Tenant = Annotated[str, Depends(tenant)]
+"""A route parameter of this type receives the requesting tenant's id."""

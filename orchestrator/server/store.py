@@ -8,6 +8,10 @@ the checkpointer is SQLite (one replica) or Postgres (many). These records are t
 the checkpointer. A finished run's record expires after ``TOOLFLEET_RUN_TTL`` seconds;
 thread records are kept until the thread is deleted.
 
+Threads are stored under their thread key ``<tenant>/<thread id>``
+(:mod:`orchestrator.server.tenancy`); each tenant has its own index of threads, so a
+search never reads another tenant's.
+
 One run at a time holds a thread: ``thread-lock:<id>`` names it, with a TTL its owner
 renews, so a replica that dies frees its threads. Runs that may wait for the thread
 (multitask strategy ``enqueue`` or ``interrupt``) line up in ``thread-queue:<id>``; the
@@ -26,6 +30,7 @@ import redis.asyncio as aioredis
 from orchestrator.server.encoding import dumps, loads
 from orchestrator.server.keys import Keys
 from orchestrator.server.schemas import TERMINAL_STATUSES
+from orchestrator.server.tenancy import split_thread_key, thread_key
 
 LOCK_TTL_MS = 30_000
 """How long a thread stays held by a run whose replica stopped renewing it."""
@@ -40,6 +45,14 @@ while true do
 end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
 if redis.call('LINDEX', KEYS[2], 0) == ARGV[1] then redis.call('LPOP', KEYS[2]) end
+return 1
+"""
+
+_CREATE_THREAD = """
+-- KEYS: thread hash, the tenant's thread index. ARGV: thread id, score, field/value pairs.
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 return 1
 """
 
@@ -65,6 +78,12 @@ class ThreadRecord:
     updated_at: str
     metadata: dict[str, Any] = field(default_factory=dict)
     status: str = "idle"
+    tenant: str = ""
+
+    @property
+    def key(self) -> str:
+        """The thread key: ``<tenant>/<thread id>``."""
+        return thread_key(self.tenant, self.thread_id)
 
     def to_api(self, values: Any = None) -> dict[str, Any]:
         """The protocol's ``Thread``."""
@@ -95,6 +114,12 @@ class RunRecord:
     kwargs: dict[str, Any] = field(default_factory=dict)
     error: dict[str, Any] | None = None
     cancel_requested: bool = False
+    tenant: str = ""
+
+    @property
+    def thread_key(self) -> str:
+        """The key of the run's thread: ``<tenant>/<thread id>``."""
+        return thread_key(self.tenant, self.thread_id)
 
     @property
     def done(self) -> bool:
@@ -132,38 +157,41 @@ class Store:
         self._keys = keys
         self._run_ttl = run_ttl
         self._admit = client.register_script(_ADMIT)
+        self._create_thread = client.register_script(_CREATE_THREAD)
         self._if_holder = client.register_script(_IF_HOLDER)
 
     # -- threads ----------------------------------------------------------------------------
 
     async def create_thread(
-        self, thread_id: str, metadata: dict[str, Any]
+        self, tenant: str, thread_id: str, metadata: dict[str, Any]
     ) -> tuple[ThreadRecord, bool]:
-        """Create the thread unless it exists; returns its record and whether it is new."""
-        key = self._keys.thread(thread_id)
+        """Create the tenant's thread unless it exists; returns its record and whether it
+        is new. The record and its index entry are written in one step, or not at all."""
         stamp = now_iso()
-        if not await self._r.hsetnx(key, "thread_id", thread_id):
-            existing = await self.thread(thread_id)
-            if existing is not None:
-                return existing, False
-        record = ThreadRecord(thread_id, stamp, stamp, dict(metadata))
-        async with self._r.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping=_thread_fields(record))
-            pipe.zadd(self._keys.threads, {thread_id: time.time()})
-            await pipe.execute()
-        return record, True
+        record = ThreadRecord(thread_id, stamp, stamp, dict(metadata), tenant=tenant)
+        fields = _thread_fields(record)  # serialised first: nothing is written if it fails
+        created = await self._create_thread(
+            keys=[self._keys.thread(record.key), self._keys.threads(tenant)],
+            args=[thread_id, time.time(), *(x for pair in fields.items() for x in pair)],
+        )
+        if created:
+            return record, True
+        existing = await self.thread(record.key)
+        return (existing, False) if existing is not None else (record, False)
 
-    async def thread(self, thread_id: str) -> ThreadRecord | None:
-        """The thread's record, or ``None``."""
-        raw = await self._r.hgetall(self._keys.thread(thread_id))
+    async def thread(self, key: str) -> ThreadRecord | None:
+        """The record of the thread with thread key ``key``, or ``None``."""
+        raw = await self._r.hgetall(self._keys.thread(key))
         if not raw or "created_at" not in raw:
             return None
+        tenant, thread_id = split_thread_key(key)
         return ThreadRecord(
-            thread_id=raw["thread_id"],
+            thread_id=thread_id,
             created_at=raw["created_at"],
             updated_at=raw["updated_at"],
             metadata=loads(raw.get("metadata") or "{}"),
             status=raw.get("status", "idle"),
+            tenant=tenant,
         )
 
     async def tag_thread(self, record: ThreadRecord, tags: dict[str, Any]) -> None:
@@ -172,11 +200,11 @@ class Store:
         if missing:
             record.metadata.update(missing)
             metadata = dumps(record.metadata).decode()
-            await self._r.hset(self._keys.thread(record.thread_id), "metadata", metadata)
+            await self._r.hset(self._keys.thread(record.key), "metadata", metadata)
 
-    async def set_thread_status(self, thread_id: str, status: str) -> None:
-        """Record the thread's status (if the thread still exists)."""
-        key = self._keys.thread(thread_id)
+    async def set_thread_status(self, thread: str, status: str) -> None:
+        """Record the status of the thread with key ``thread`` (if it still exists)."""
+        key = self._keys.thread(thread)
         async with self._r.pipeline(transaction=True) as pipe:
             pipe.exists(key)
             pipe.hset(key, mapping={"status": status, "updated_at": now_iso()})
@@ -184,22 +212,25 @@ class Store:
         if not exists:  # deleted meanwhile: do not leave a half record behind
             await self._r.delete(key)
 
-    async def delete_thread(self, thread_id: str, *, keep_runs: bool = False) -> None:
-        """Drop the thread's record and (unless ``keep_runs``) its runs' records and logs.
+    async def delete_thread(self, thread: str, *, keep_runs: bool = False) -> None:
+        """Drop the record of the thread with key ``thread`` and (unless ``keep_runs``)
+        its runs' records and logs.
 
         A run without a thread keeps its record and event log until they expire, so a
         client still streaming it reads to the end.
         """
-        run_ids = await self._r.zrange(self._keys.thread_runs(thread_id), 0, -1)
+        tenant, thread_id = split_thread_key(thread)
+        run_ids = await self._r.zrange(self._keys.thread_runs(thread), 0, -1)
         async with self._r.pipeline(transaction=True) as pipe:
-            pipe.delete(self._keys.thread(thread_id), self._keys.thread_runs(thread_id))
-            pipe.zrem(self._keys.threads, thread_id)
+            pipe.delete(self._keys.thread(thread), self._keys.thread_runs(thread))
+            pipe.zrem(self._keys.threads(tenant), thread_id)
             for run_id in [] if keep_runs else run_ids:
                 pipe.delete(self._keys.run(run_id), self._keys.events(run_id))
             await pipe.execute()
 
     async def search_threads(
         self,
+        tenant: str,
         *,
         limit: int,
         offset: int,
@@ -207,14 +238,15 @@ class Store:
         status: str | None = None,
         ids: list[str] | None = None,
     ) -> list[ThreadRecord]:
-        """Threads newest first, filtered by metadata subset, status and ids."""
+        """The tenant's threads newest first, filtered by metadata subset, status and ids."""
         found: list[ThreadRecord] = []
         skipped = 0
         candidates = ids if ids is not None else None
         position = 0
         while len(found) < limit:
             if candidates is None:
-                page = await self._r.zrevrange(self._keys.threads, position, position + 199)
+                index = self._keys.threads(tenant)
+                page = await self._r.zrevrange(index, position, position + 199)
                 position += 200
                 if not page:
                     break
@@ -223,7 +255,7 @@ class Store:
                 if not page:
                     break
             for thread_id in page:
-                record = await self.thread(thread_id)
+                record = await self.thread(thread_key(tenant, thread_id))
                 if record is None or (status and record.status != status):
                     continue
                 if metadata and any(record.metadata.get(k) != v for k, v in metadata.items()):
@@ -242,7 +274,7 @@ class Store:
         """Store a new run and list it under its thread."""
         async with self._r.pipeline(transaction=True) as pipe:
             pipe.hset(self._keys.run(run.run_id), mapping=_run_fields(run))
-            pipe.zadd(self._keys.thread_runs(run.thread_id), {run.run_id: time.time()})
+            pipe.zadd(self._keys.thread_runs(run.thread_key), {run.run_id: time.time()})
             await pipe.execute()
 
     async def run(self, run_id: str) -> RunRecord | None:
@@ -251,15 +283,15 @@ class Store:
         return _run_from(raw) if raw and "doc" in raw else None
 
     async def runs(
-        self, thread_id: str, *, limit: int, offset: int, status: str | None = None
+        self, thread: str, *, limit: int, offset: int, status: str | None = None
     ) -> list[RunRecord]:
-        """The thread's runs, newest first."""
-        ids = await self._r.zrevrange(self._keys.thread_runs(thread_id), 0, -1)
+        """The runs of the thread with key ``thread``, newest first."""
+        ids = await self._r.zrevrange(self._keys.thread_runs(thread), 0, -1)
         found: list[RunRecord] = []
         for run_id in ids:
             run = await self.run(run_id)
             if run is None:  # expired
-                await self._r.zrem(self._keys.thread_runs(thread_id), run_id)
+                await self._r.zrem(self._keys.thread_runs(thread), run_id)
                 continue
             if status is None or run.status == status:
                 found.append(run)
@@ -290,10 +322,10 @@ class Store:
         """Forget a finished run."""
         async with self._r.pipeline(transaction=True) as pipe:
             pipe.delete(self._keys.run(run.run_id), self._keys.events(run.run_id))
-            pipe.zrem(self._keys.thread_runs(run.thread_id), run.run_id)
+            pipe.zrem(self._keys.thread_runs(run.thread_key), run.run_id)
             await pipe.execute()
 
-    # -- the thread lock and queue ---------------------------------------------------------
+    # -- the thread lock and queue (by thread key) ----------------------------------------
 
     async def admit(self, thread_id: str, run_id: str) -> bool:
         """Let the run hold the thread if it is free and the run is first in line."""
@@ -356,6 +388,7 @@ def _run_fields(run: RunRecord) -> dict[str, str]:
     doc = {
         "run_id": run.run_id,
         "thread_id": run.thread_id,
+        "tenant": run.tenant,
         "assistant_id": run.assistant_id,
         "created_at": run.created_at,
         "metadata": run.metadata,
@@ -385,4 +418,5 @@ def _run_from(raw: dict[str, str]) -> RunRecord:
         kwargs=doc.get("kwargs") or {},
         error=loads(raw["error"]) if raw.get("error") else None,
         cancel_requested=bool(raw.get("cancel")),
+        tenant=doc.get("tenant", ""),
     )

@@ -77,7 +77,9 @@ async def _frames(
                     return  # the client reconnects with Last-Event-ID
                 if entry is None:
                     yield SSE_HEARTBEAT
-                    await runs.get_run(run.thread_id, run.run_id)  # notices a lost replica
+                    await runs.get_run(
+                        run.tenant, run.thread_id, run.run_id
+                    )  # notices a lost replica
                     continue
                 if entry.event == END:
                     ended = True

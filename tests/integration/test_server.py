@@ -42,7 +42,12 @@ def server(
     prefork_fleet: Settings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     process = start_server(
-        prefork_fleet, tmp_path_factory.mktemp("server"), "server", max_runs=MAX_RUNS
+        prefork_fleet,
+        tmp_path_factory.mktemp("server"),
+        "server",
+        max_runs=MAX_RUNS,
+        tenant_max_runs=MAX_RUNS,  # one token alone reaches the replica's limit here
+        tenant_max_queued=MAX_RUNS,
     )
     yield process
     process.stop()

@@ -162,7 +162,9 @@ def test_given_stream_modes_then_custom_is_recorded_and_messages_tuple_is_messag
 
 def test_given_a_run_then_its_config_carries_thread_and_run_identity() -> None:
     run_id = str(uuid.uuid4())
-    run = RunRecord(run_id, "t1", ASSISTANT_ID, "now", "now", "pending", "r1", {"who": "me"})
+    run = RunRecord(
+        run_id, "t1", ASSISTANT_ID, "now", "now", "pending", "r1", {"who": "me"}, tenant="ta"
+    )
     body = RunCreate.model_validate(
         {
             "assistant_id": "agent",
@@ -173,7 +175,9 @@ def test_given_a_run_then_its_config_carries_thread_and_run_identity() -> None:
 
     config = run_config(run, body, "agent")
 
-    assert config["configurable"]["thread_id"] == "t1" and config["configurable"]["x"] == 1
+    # The graph's thread is the tenant's: another tenant's "t1" is another thread.
+    assert config["configurable"]["thread_id"] == "ta/t1" and config["configurable"]["x"] == 1
+    assert config["metadata"]["thread_id"] == "t1"
     assert config["configurable"]["checkpoint_id"] == "c9"
     assert config["run_id"] == uuid.UUID(run_id) and config["recursion_limit"] == 7
     assert config["metadata"]["who"] == "me" and config["metadata"]["run_id"] == run_id

@@ -13,7 +13,7 @@ from orchestrator.server.eventlog import parse_id
 from orchestrator.server.routes.threads import existing_thread
 from orchestrator.server.runconfig import thread_config
 from orchestrator.server.schemas import Run, RunCreate, RunId, ThreadId
-from orchestrator.server.services import Services, Svc, json_response
+from orchestrator.server.services import Services, Svc, Tenant, json_response
 from orchestrator.server.store import RunRecord
 from orchestrator.server.streaming import event_filter, run_locations, sse_response
 
@@ -28,42 +28,46 @@ _SSE: dict[int | str, dict[str, Any]] = {
 
 
 @router.post("/threads/{thread_id}/runs", response_model=Run)
-async def create_run(svc: Svc, thread_id: ThreadId, body: RunCreate) -> Any:
+async def create_run(svc: Svc, tenant: Tenant, thread_id: ThreadId, body: RunCreate) -> Any:
     """Start a background run on the thread."""
-    run = await svc.runs.start_run(thread_id, body)
+    run = await svc.runs.start_run(tenant, thread_id, body)
     return json_response(run.to_api(), headers=run_locations(run))
 
 
 @router.post("/runs", response_model=Run)
-async def create_stateless_run(svc: Svc, body: RunCreate) -> Any:
+async def create_stateless_run(svc: Svc, tenant: Tenant, body: RunCreate) -> Any:
     """Start a background run on a new thread of its own."""
-    run = await svc.runs.start_run(None, body)
+    run = await svc.runs.start_run(tenant, None, body)
     return json_response(run.to_api(), headers=run_locations(run))
 
 
 @router.post("/threads/{thread_id}/runs/stream", responses=_SSE, response_class=StreamingResponse)
-async def stream_run(svc: Svc, thread_id: ThreadId, body: RunCreate) -> StreamingResponse:
+async def stream_run(
+    svc: Svc, tenant: Tenant, thread_id: ThreadId, body: RunCreate
+) -> StreamingResponse:
     """Start a run on the thread and stream it (it goes on if the client leaves, unless
     ``on_disconnect`` is ``cancel``)."""
-    return await _start_streaming(svc, thread_id, body)
+    return await _start_streaming(svc, tenant, thread_id, body)
 
 
 @router.post("/runs/stream", responses=_SSE, response_class=StreamingResponse)
-async def stream_stateless_run(svc: Svc, body: RunCreate) -> StreamingResponse:
+async def stream_stateless_run(svc: Svc, tenant: Tenant, body: RunCreate) -> StreamingResponse:
     """Start a run on a new thread of its own and stream it."""
-    return await _start_streaming(svc, None, body)
+    return await _start_streaming(svc, tenant, None, body)
 
 
 @router.post("/threads/{thread_id}/runs/wait")
-async def wait_run(svc: Svc, thread_id: ThreadId, body: RunCreate, request: Request) -> Any:
+async def wait_run(
+    svc: Svc, tenant: Tenant, thread_id: ThreadId, body: RunCreate, request: Request
+) -> Any:
     """Start a run on the thread and answer with the thread's values once it is done."""
-    return await _start_waiting(svc, thread_id, body, request)
+    return await _start_waiting(svc, tenant, thread_id, body, request)
 
 
 @router.post("/runs/wait")
-async def wait_stateless_run(svc: Svc, body: RunCreate, request: Request) -> Any:
+async def wait_stateless_run(svc: Svc, tenant: Tenant, body: RunCreate, request: Request) -> Any:
     """Start a run on a new thread of its own and answer with its final values."""
-    return await _start_waiting(svc, None, body, request)
+    return await _start_waiting(svc, tenant, None, body, request)
 
 
 # -- existing runs ------------------------------------------------------------------------
@@ -72,27 +76,28 @@ async def wait_stateless_run(svc: Svc, body: RunCreate, request: Request) -> Any
 @router.get("/threads/{thread_id}/runs", response_model=list[Run])
 async def list_runs(
     svc: Svc,
+    tenant: Tenant,
     thread_id: ThreadId,
     limit: Annotated[int, Query(ge=1, le=1000)] = 10,
     offset: Annotated[int, Query(ge=0)] = 0,
     status: str | None = None,
 ) -> Any:
     """The thread's runs, newest first."""
-    await existing_thread(svc, thread_id)
-    runs = await svc.store.runs(thread_id, limit=limit, offset=offset, status=status)
+    record = await existing_thread(svc, tenant, thread_id)
+    runs = await svc.store.runs(record.key, limit=limit, offset=offset, status=status)
     return json_response([r.to_api() for r in runs])
 
 
 @router.get("/threads/{thread_id}/runs/{run_id}", response_model=Run)
-async def get_run(svc: Svc, thread_id: ThreadId, run_id: RunId) -> Any:
+async def get_run(svc: Svc, tenant: Tenant, thread_id: ThreadId, run_id: RunId) -> Any:
     """The run."""
-    return json_response((await svc.runs.get_run(thread_id, run_id)).to_api())
+    return json_response((await svc.runs.get_run(tenant, thread_id, run_id)).to_api())
 
 
 @router.delete("/threads/{thread_id}/runs/{run_id}", status_code=204)
-async def delete_run(svc: Svc, thread_id: ThreadId, run_id: RunId) -> Response:
+async def delete_run(svc: Svc, tenant: Tenant, thread_id: ThreadId, run_id: RunId) -> Response:
     """Forget a finished run (409 while it runs: cancel it first)."""
-    run = await svc.runs.get_run(thread_id, run_id)
+    run = await svc.runs.get_run(tenant, thread_id, run_id)
     if not run.done:
         raise Conflict(f"run {run_id} is {run.status}; cancel it first")
     await svc.store.delete_run(run)
@@ -100,9 +105,9 @@ async def delete_run(svc: Svc, thread_id: ThreadId, run_id: RunId) -> Response:
 
 
 @router.get("/threads/{thread_id}/runs/{run_id}/join")
-async def join_run(svc: Svc, thread_id: ThreadId, run_id: RunId) -> Any:
+async def join_run(svc: Svc, tenant: Tenant, thread_id: ThreadId, run_id: RunId) -> Any:
     """Wait until the run is done; answer with the thread's values."""
-    run = await svc.runs.wait_done(await svc.runs.get_run(thread_id, run_id))
+    run = await svc.runs.wait_done(await svc.runs.get_run(tenant, thread_id, run_id))
     return json_response(await _final_values(svc, run))
 
 
@@ -111,6 +116,7 @@ async def join_run(svc: Svc, thread_id: ThreadId, run_id: RunId) -> Any:
 )
 async def join_stream(
     svc: Svc,
+    tenant: Tenant,
     thread_id: ThreadId,
     run_id: RunId,
     stream_mode: Annotated[list[str] | None, Query()] = None,
@@ -123,7 +129,7 @@ async def join_stream(
     digits, each part below 2**64) is a 422: resuming from the start instead would
     replay parts the client already has.
     """
-    run = await svc.runs.get_run(thread_id, run_id)
+    run = await svc.runs.get_run(tenant, thread_id, run_id)
     after = last_event_id or "0-0"
     try:
         parse_id(after)
@@ -141,6 +147,7 @@ async def join_stream(
 @router.post("/threads/{thread_id}/runs/{run_id}/cancel", response_model=Run)
 async def cancel_run(
     svc: Svc,
+    tenant: Tenant,
     thread_id: ThreadId,
     run_id: RunId,
     wait: bool = False,
@@ -150,7 +157,7 @@ async def cancel_run(
 
     With ``wait``, answers once the run has stopped. A finished run answers 409.
     """
-    run = await svc.runs.get_run(thread_id, run_id)
+    run = await svc.runs.get_run(tenant, thread_id, run_id)
     await svc.runs.cancel(run)
     if wait:
         return json_response((await svc.runs.wait_done(run)).to_api())
@@ -161,9 +168,9 @@ async def cancel_run(
 
 
 async def _start_streaming(
-    svc: Services, thread_id: str | None, body: RunCreate
+    svc: Services, tenant: str, thread_id: str | None, body: RunCreate
 ) -> StreamingResponse:
-    run = await svc.runs.start_run(thread_id, body)
+    run = await svc.runs.start_run(tenant, thread_id, body)
     return sse_response(
         svc.runs,
         run,
@@ -173,9 +180,9 @@ async def _start_streaming(
 
 
 async def _start_waiting(
-    svc: Services, thread_id: str | None, body: RunCreate, request: Request
+    svc: Services, tenant: str, thread_id: str | None, body: RunCreate, request: Request
 ) -> Response:
-    run = await svc.runs.start_run(thread_id, body)
+    run = await svc.runs.start_run(tenant, thread_id, body)
     waiter = asyncio.create_task(svc.runs.wait_done(run))
     try:
         while not waiter.done():
@@ -193,9 +200,9 @@ async def _final_values(svc: Services, run: RunRecord) -> Any:
     """What ``wait`` and ``join`` answer: the thread's values, or the run's error."""
     if run.status == "error":
         return {"__error__": run.error or {"error": "Error", "message": "run failed"}}
-    if (thread := await svc.store.thread(run.thread_id)) is not None:
-        graph = await svc.graphs.for_thread(run.thread_id, thread.metadata)
-        snapshot = await graph.aget_state(thread_config(run.thread_id))
+    if (thread := await svc.store.thread(run.thread_key)) is not None:
+        graph = await svc.graphs.for_thread(run.thread_key, thread.metadata)
+        snapshot = await graph.aget_state(thread_config(run.thread_key))
         return snapshot.values
     # A run without a thread of its own: its thread is gone, its last values are logged.
     last = await svc.runs.events.last_of(run.run_id, "values")

@@ -21,38 +21,41 @@ from orchestrator.server.schemas import (
     ThreadSearch,
     ThreadState,
 )
-from orchestrator.server.services import Services, Svc, json_response
+from orchestrator.server.services import Services, Svc, Tenant, json_response
 from orchestrator.server.store import ThreadRecord
+from orchestrator.server.tenancy import thread_key
 
 router = APIRouter(prefix="/threads", tags=["threads"])
 
 
-async def existing_thread(svc: Services, thread_id: str) -> ThreadRecord:
-    """The thread's record.
+async def existing_thread(svc: Services, tenant: str, thread_id: str) -> ThreadRecord:
+    """The record of the tenant's thread.
 
     Raises:
-        NotFound: no such thread.
+        NotFound: no such thread, or it is another tenant's (the same answer: whether
+            another tenant has a thread of that id is not for this one to learn).
     """
-    record = await svc.store.thread(thread_id)
+    record = await svc.store.thread(thread_key(tenant, thread_id))
     if record is None:
         raise NotFound(f"thread {thread_id} not found")
     return record
 
 
 @router.post("", response_model=Thread)
-async def create_thread(svc: Svc, body: ThreadCreate) -> Response:
+async def create_thread(svc: Svc, tenant: Tenant, body: ThreadCreate) -> Response:
     """Create a thread (``if_exists``: ``raise`` answers 409, ``do_nothing`` returns it)."""
     thread_id = body.thread_id or str(uuid.uuid4())
-    record, created = await svc.store.create_thread(thread_id, body.metadata)
+    record, created = await svc.store.create_thread(tenant, thread_id, body.metadata)
     if not created and body.if_exists == "raise":
         raise Conflict(f"thread {thread_id} already exists")
     return json_response(record.to_api(values=await _values(svc, record) if not created else {}))
 
 
 @router.post("/search", response_model=list[Thread])
-async def search_threads(svc: Svc, body: ThreadSearch) -> Response:
-    """Threads, newest first, matching the metadata, status and ids given."""
+async def search_threads(svc: Svc, tenant: Tenant, body: ThreadSearch) -> Response:
+    """The tenant's threads, newest first, matching the metadata, status and ids given."""
     records = await svc.store.search_threads(
+        tenant,
         limit=body.limit,
         offset=body.offset,
         metadata=body.metadata,
@@ -63,94 +66,103 @@ async def search_threads(svc: Svc, body: ThreadSearch) -> Response:
 
 
 @router.get("/{thread_id}", response_model=Thread)
-async def get_thread(svc: Svc, thread_id: ThreadId) -> Response:
+async def get_thread(svc: Svc, tenant: Tenant, thread_id: ThreadId) -> Response:
     """The thread, with the values of its latest checkpoint."""
-    record = await existing_thread(svc, thread_id)
+    record = await existing_thread(svc, tenant, thread_id)
     return json_response(record.to_api(values=await _values(svc, record)))
 
 
 @router.delete("/{thread_id}", status_code=204)
-async def delete_thread(svc: Svc, thread_id: ThreadId) -> Response:
+async def delete_thread(svc: Svc, tenant: Tenant, thread_id: ThreadId) -> Response:
     """Cancel the thread's runs, delete its checkpoints and its records."""
-    await existing_thread(svc, thread_id)
-    for run in await svc.store.runs(thread_id, limit=10_000, offset=0):
+    record = await existing_thread(svc, tenant, thread_id)
+    for run in await svc.store.runs(record.key, limit=10_000, offset=0):
         if not run.done:
             await svc.runs.cancel(run)
-    await svc.checkpointer.adelete_thread(thread_id)
-    await svc.store.delete_thread(thread_id)
+    await svc.checkpointer.adelete_thread(record.key)
+    await svc.store.delete_thread(record.key)
     return Response(status_code=204)
 
 
 @router.get("/{thread_id}/state", response_model=ThreadState)
-async def get_state(svc: Svc, thread_id: ThreadId, subgraphs: bool = False) -> Response:
+async def get_state(
+    svc: Svc, tenant: Tenant, thread_id: ThreadId, subgraphs: bool = False
+) -> Response:
     """The thread's latest checkpoint."""
-    return await _state(svc, thread_id, None, subgraphs)
+    return await _state(svc, tenant, thread_id, None, subgraphs)
 
 
 @router.get("/{thread_id}/state/{checkpoint_id}", response_model=ThreadState)
 async def get_state_at(
-    svc: Svc, thread_id: ThreadId, checkpoint_id: ItemId, subgraphs: bool = False
+    svc: Svc, tenant: Tenant, thread_id: ThreadId, checkpoint_id: ItemId, subgraphs: bool = False
 ) -> Response:
     """One checkpoint of the thread."""
-    return await _state(svc, thread_id, checkpoint_id, subgraphs)
+    return await _state(svc, tenant, thread_id, checkpoint_id, subgraphs)
 
 
 @router.post("/{thread_id}/state/checkpoint", response_model=ThreadState)
-async def post_state_at(svc: Svc, thread_id: ThreadId, body: StateAtCheckpoint) -> Response:
+async def post_state_at(
+    svc: Svc, tenant: Tenant, thread_id: ThreadId, body: StateAtCheckpoint
+) -> Response:
     """One checkpoint of the thread (the checkpoint in the body)."""
-    return await _state(svc, thread_id, body.checkpoint.checkpoint_id, body.subgraphs)
+    return await _state(svc, tenant, thread_id, body.checkpoint.checkpoint_id, body.subgraphs)
 
 
 @router.post("/{thread_id}/history", response_model=list[ThreadState])
-async def post_history(svc: Svc, thread_id: ThreadId, body: HistoryRequest) -> Response:
+async def post_history(
+    svc: Svc, tenant: Tenant, thread_id: ThreadId, body: HistoryRequest
+) -> Response:
     """The thread's checkpoints, newest first."""
     before = body.before.checkpoint_id if isinstance(body.before, CheckpointRef) else body.before
     start = body.checkpoint.checkpoint_id if body.checkpoint else None
-    return await _history(svc, thread_id, body.limit, before, start, body.metadata)
+    return await _history(svc, tenant, thread_id, body.limit, before, start, body.metadata)
 
 
 @router.get("/{thread_id}/history", response_model=list[ThreadState])
 async def get_history(
     svc: Svc,
+    tenant: Tenant,
     thread_id: ThreadId,
     limit: Annotated[int, Query(ge=1, le=1000)] = 10,
     before: str | None = None,
 ) -> Response:
     """The thread's checkpoints, newest first (the query-string form)."""
-    return await _history(svc, thread_id, limit, before, None, None)
+    return await _history(svc, tenant, thread_id, limit, before, None, None)
 
 
 async def _values(svc: Services, record: ThreadRecord) -> Any:
-    graph = await svc.graphs.for_thread(record.thread_id, record.metadata)
-    snapshot = await graph.aget_state(thread_config(record.thread_id))
+    graph = await svc.graphs.for_thread(record.key, record.metadata)
+    snapshot = await graph.aget_state(thread_config(record.key))
     return snapshot.values
 
 
 async def _state(
-    svc: Services, thread_id: str, checkpoint_id: str | None, subgraphs: bool
+    svc: Services, tenant: str, thread_id: str, checkpoint_id: str | None, subgraphs: bool
 ) -> Response:
-    record = await existing_thread(svc, thread_id)
-    graph = await svc.graphs.for_thread(thread_id, record.metadata)
-    snapshot = await graph.aget_state(thread_config(thread_id, checkpoint_id), subgraphs=subgraphs)
-    return json_response(thread_state(snapshot))
+    record = await existing_thread(svc, tenant, thread_id)
+    graph = await svc.graphs.for_thread(record.key, record.metadata)
+    config = thread_config(record.key, checkpoint_id)
+    snapshot = await graph.aget_state(config, subgraphs=subgraphs)
+    return json_response(thread_state(snapshot, thread_id))
 
 
 async def _history(
     svc: Services,
+    tenant: str,
     thread_id: str,
     limit: int,
     before: str | None,
     start: str | None,
     metadata: dict[str, Any] | None,
 ) -> Response:
-    record = await existing_thread(svc, thread_id)
-    graph = await svc.graphs.for_thread(thread_id, record.metadata)
+    record = await existing_thread(svc, tenant, thread_id)
+    graph = await svc.graphs.for_thread(record.key, record.metadata)
     states = [
-        thread_state(snapshot)
+        thread_state(snapshot, thread_id)
         async for snapshot in graph.aget_state_history(
-            thread_config(thread_id, start),
+            thread_config(record.key, start),
             filter=metadata,
-            before=thread_config(thread_id, before) if before else None,
+            before=thread_config(record.key, before) if before else None,
             limit=limit,
         )
     ]
