@@ -37,7 +37,7 @@ from orchestrator.server.keys import Keys
 from orchestrator.server.runconfig import run_config, thread_config
 from orchestrator.server.schemas import RunCreate
 from orchestrator.server.store import RunRecord, Store, now_iso
-from orchestrator.server.tenancy import TenantQuota, thread_key
+from orchestrator.server.tenancy import TenantQuota
 
 log = logging.getLogger("toolfleet.server")
 
@@ -156,15 +156,6 @@ class RunManager:
         assistant_id = assistant_id_for(source.graph_id)
         temporary = thread_id is None
         thread_id = thread_id or str(uuid.uuid4())
-        thread = await self.store.thread(thread_key(tenant, thread_id))
-        if thread is None:
-            if not temporary and body.if_not_exists != "create":
-                raise NotFound(f"thread {thread_id} not found")
-            thread, _ = await self.store.create_thread(tenant, thread_id, {})
-        # As LangGraph's server does: chat UIs list an assistant's threads by these.
-        await self.store.tag_thread(
-            thread, {"graph_id": source.graph_id, "assistant_id": assistant_id}
-        )
         stamp = now_iso()
         run = RunRecord(
             run_id=str(uuid.uuid4()),
@@ -180,28 +171,40 @@ class RunManager:
             tenant=tenant,
         )
         key = run.thread_key
-        admitted = False
-        if body.multitask_strategy == "reject":
-            if not await self.store.admit(key, run.run_id):
-                holder = await self.store.holder(key)
-                raise Conflict(
-                    f"thread {thread_id} is busy (run {holder or 'queued'}); pass "
-                    "multitask_strategy 'enqueue' or 'interrupt' to run after it"
-                )
-            admitted = True
-            try:
+        thread = await self.store.thread(key)
+        made_thread = False
+        if thread is None:
+            if not temporary and body.if_not_exists != "create":
+                raise NotFound(f"thread {thread_id} not found")
+            thread, made_thread = await self.store.create_thread(tenant, thread_id, {})
+        # All or nothing from here: a request that fails leaves no thread, run or lock.
+        admitted = stored = False
+        try:
+            # As LangGraph's server does: chat UIs list an assistant's threads by these.
+            tags = {"graph_id": source.graph_id, "assistant_id": assistant_id}
+            await self.store.tag_thread(thread, tags)
+            if body.multitask_strategy == "reject":
+                if not await self.store.admit(key, run.run_id):
+                    holder = await self.store.holder(key)
+                    raise Conflict(
+                        f"thread {thread_id} is busy (run {holder or 'queued'}); pass "
+                        "multitask_strategy 'enqueue' or 'interrupt' to run after it"
+                    )
+                admitted = True
                 await self.store.put_run(run)
-            except BaseException:
-                await self.store.release(key, run.run_id)
-                raise
-        else:
-            await self.store.put_run(run)
-            first = body.multitask_strategy == "interrupt"
-            await self.store.enqueue(key, run.run_id, first=first)
-            if first and (holder := await self.store.holder(key)):
-                current = await self.store.run(holder)
-                if current is not None and not current.done:
-                    await self.cancel(current)
+                stored = True
+            else:
+                await self.store.put_run(run)
+                stored = True
+                first = body.multitask_strategy == "interrupt"
+                await self.store.enqueue(key, run.run_id, first=first)
+                if first and (holder := await self.store.holder(key)):
+                    current = await self.store.run(holder)
+                    if current is not None and not current.done:
+                        await self.cancel(current)
+        except BaseException:
+            await asyncio.shield(self._undo(run, made_thread, admitted, stored))
+            raise
         task = asyncio.create_task(
             self._execute(run, body, source, admitted=admitted, temporary=temporary),
             name=f"toolfleet-run-{run.run_id}",
@@ -215,6 +218,19 @@ class RunManager:
 
         task.add_done_callback(never_started)
         return run
+
+    async def _undo(self, run: RunRecord, made_thread: bool, admitted: bool, stored: bool) -> None:
+        """Take back what a failed :meth:`_create` wrote."""
+        try:
+            if admitted:
+                await self.store.release(run.thread_key, run.run_id)
+            if stored:
+                await self.store.leave_queue(run.thread_key, run.run_id)
+                await self.store.delete_run(run)
+            if made_thread:
+                await self.store.delete_thread(run.thread_key)
+        except (RedisError, OSError):
+            log.exception("could not take back the records of run %s", run.run_id)
 
     # -- executing runs ------------------------------------------------------------------
 

@@ -7,10 +7,19 @@ type or value is a 422 that names it.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Annotated, Any, Literal
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
 
 StreamMode = Literal[
     "values", "updates", "messages-tuple", "custom", "debug", "tasks", "checkpoints"
@@ -45,6 +54,54 @@ ItemId = Annotated[str, Path(min_length=1, max_length=ID_MAX_CHARS, pattern=_PRI
 """An assistant or checkpoint id in the path."""
 
 
+MAX_DEPTH = 64
+"""Deepest nesting of objects and lists accepted in a client's JSON value."""
+
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+"""Integers JSON encoders and the checkpointers carry (64 bits)."""
+
+MAX_SECONDS = 86_400.0
+"""Longest ``after_seconds`` delay of a run: a day."""
+
+
+def _check_json(value: Any) -> Any:
+    """Refuse what the encoders and checkpointers cannot store: nesting deeper than
+    :data:`MAX_DEPTH`, integers beyond 64 bits, non-finite floats. The error names the
+    path inside the field."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth >= MAX_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_DEPTH} levels at {path or '.'}")
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            stack.extend((v, f"{path}.{k}"[:200], depth + 1) for k, v in pairs)
+        elif isinstance(item, bool):
+            continue
+        elif isinstance(item, int) and not _INT_MIN <= item <= _INT_MAX:
+            raise ValueError(f"integer beyond 64 bits at {path or '.'}")
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"non-finite number at {path or '.'}")
+    return value
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(_check_json)]
+"""A JSON object from a client, of bounded depth and 64-bit integers."""
+
+JsonValue = Annotated[Any, AfterValidator(_check_json)]
+"""Any JSON value from a client, of bounded depth and 64-bit integers."""
+
+_FILTER_KEY = r"^[A-Za-z0-9_.-]{1,128}$"
+
+
+def _check_filter_keys(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    # The checkpointers build JSON paths from the keys: only plain names are safe there.
+    for key in value or {}:
+        if not re.fullmatch(_FILTER_KEY, key):
+            raise ValueError(f"filter key {key[:40]!r} is not 1-128 letters, digits, '_', '.', '-'")
+    return value
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -53,8 +110,8 @@ class RunConfig(_Body):
     """The ``config`` of a run: LangGraph's ``RunnableConfig``, primitives only."""
 
     tags: list[str] = Field(default_factory=list)
-    recursion_limit: int | None = Field(default=None, gt=0)
-    configurable: dict[str, Any] = Field(default_factory=dict)
+    recursion_limit: int | None = Field(default=None, gt=0, le=100_000)
+    configurable: JsonObject = Field(default_factory=dict)
 
 
 class CheckpointRef(_Body):
@@ -63,15 +120,15 @@ class CheckpointRef(_Body):
     thread_id: Id | None = None
     checkpoint_ns: Annotated[str, StringConstraints(max_length=ID_MAX_CHARS)] = ""
     checkpoint_id: Id | None = None
-    checkpoint_map: dict[str, Any] | None = None
+    checkpoint_map: JsonObject | None = None
 
 
 class RunCommand(_Body):
     """Resume or steer an interrupted thread (LangGraph's ``Command``)."""
 
-    update: dict[str, Any] | list[Any] | None = None
-    resume: Any = None
-    goto: Any = None
+    update: JsonObject | Annotated[list[Any], AfterValidator(_check_json)] | None = None
+    resume: JsonValue = None
+    goto: JsonValue = None
 
 
 class RunCreate(_Body):
@@ -79,11 +136,11 @@ class RunCreate(_Body):
 
     assistant_id: Id
     """The assistant id, or its graph id (``"agent"``)."""
-    input: dict[str, Any] | None = None
+    input: JsonObject | None = None
     command: RunCommand | None = None
     config: RunConfig | None = None
-    context: dict[str, Any] | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    context: JsonObject | None = None
+    metadata: JsonObject = Field(default_factory=dict)
     stream_mode: list[StreamMode] = Field(default_factory=lambda: list(DEFAULT_MODES))
     """Stream modes recorded for the run (``custom`` is always recorded too)."""
     stream_subgraphs: bool = False
@@ -99,7 +156,8 @@ class RunCreate(_Body):
     """For ``/stream`` and ``/wait``: whether a client leaving cancels the run."""
     on_completion: Literal["delete", "keep"] | None = None
     """For runs without a thread: delete (default) or keep the thread made for them."""
-    after_seconds: float | None = Field(default=None, ge=0)
+    after_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
+    """Seconds to wait before the run starts (at most a day)."""
     durability: Literal["sync", "async", "exit"] | None = None
 
     @field_validator("stream_mode", mode="before")
@@ -112,18 +170,18 @@ class ThreadCreate(_Body):
     """Body of ``POST /threads``."""
 
     thread_id: Id | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: JsonObject = Field(default_factory=dict)
     if_exists: Literal["raise", "do_nothing"] = "raise"
 
 
 class ThreadSearch(_Body):
     """Body of ``POST /threads/search``."""
 
-    metadata: dict[str, Any] | None = None
+    metadata: JsonObject | None = None
     ids: list[Id] | None = Field(default=None, max_length=1000)
     status: ThreadStatus | None = None
     limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=1_000_000)
 
 
 class HistoryRequest(_Body):
@@ -133,7 +191,8 @@ class HistoryRequest(_Body):
     before: Id | CheckpointRef | None = None
     """Only checkpoints older than this one: its id, the checkpoint (the Python SDK), or a
     config whose ``configurable`` is the checkpoint (the JS SDK)."""
-    metadata: dict[str, Any] | None = None
+    metadata: Annotated[JsonObject | None, AfterValidator(_check_filter_keys)] = None
+    """Checkpoints whose metadata has these values (keys: letters, digits, ``_.-``)."""
     checkpoint: CheckpointRef | None = None
 
     @field_validator("before", mode="before")
@@ -156,9 +215,9 @@ class AssistantSearch(_Body):
 
     graph_id: Id | None = None
     name: Id | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: JsonObject | None = None
     limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=1_000_000)
 
 
 # -- responses --------------------------------------------------------------------------

@@ -14,6 +14,7 @@ asked to cancel on disconnect.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
+from urllib.parse import quote
 
 from fastapi.responses import StreamingResponse
 
@@ -21,6 +22,9 @@ from orchestrator.server.encoding import SSE_HEARTBEAT, dumps, sse_frame
 from orchestrator.server.eventlog import END, FollowerDropped
 from orchestrator.server.runner import RunManager
 from orchestrator.server.store import RunRecord
+
+_PATH_SAFE = ":@!$&'()*+,;=-._~"
+"""Characters a path segment carries as they are (RFC 3986's ``pchar``)."""
 
 HEARTBEAT = 15.0
 """Seconds of silence after which a comment line keeps the connection open."""
@@ -36,8 +40,11 @@ def event_filter(stream_mode: Iterable[str] | None) -> frozenset[str] | None:
 
 def run_locations(run: RunRecord) -> dict[str, str]:
     """``Content-Location`` of the run (the SDK reads the run id from it) and
-    ``Location`` of its stream (where the SDK reconnects)."""
-    path = f"/threads/{run.thread_id}/runs/{run.run_id}"
+    ``Location`` of its stream (where the SDK reconnects).
+
+    The thread id is the client's: percent-encoded, a header can carry any of them.
+    """
+    path = f"/threads/{quote(run.thread_id, safe=_PATH_SAFE)}/runs/{run.run_id}"
     return {"Content-Location": path, "Location": f"{path}/stream"}
 
 

@@ -12,7 +12,7 @@ from orchestrator.server.errors import Conflict, NotFound, Unsupported
 from orchestrator.server.eventlog import parse_id
 from orchestrator.server.routes.threads import existing_thread
 from orchestrator.server.runconfig import thread_config
-from orchestrator.server.schemas import Run, RunCreate, RunId, ThreadId
+from orchestrator.server.schemas import Run, RunCreate, RunId, RunStatus, ThreadId
 from orchestrator.server.services import Services, Svc, Tenant, json_response
 from orchestrator.server.store import RunRecord
 from orchestrator.server.streaming import event_filter, run_locations, sse_response
@@ -79,8 +79,8 @@ async def list_runs(
     tenant: Tenant,
     thread_id: ThreadId,
     limit: Annotated[int, Query(ge=1, le=1000)] = 10,
-    offset: Annotated[int, Query(ge=0)] = 0,
-    status: str | None = None,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+    status: RunStatus | None = None,
 ) -> Any:
     """The thread's runs, newest first."""
     record = await existing_thread(svc, tenant, thread_id)

@@ -11,6 +11,7 @@ from orchestrator.server.encoding import thread_state
 from orchestrator.server.errors import Conflict, NotFound
 from orchestrator.server.runconfig import thread_config
 from orchestrator.server.schemas import (
+    ID_MAX_CHARS,
     CheckpointRef,
     HistoryRequest,
     ItemId,
@@ -124,7 +125,7 @@ async def get_history(
     tenant: Tenant,
     thread_id: ThreadId,
     limit: Annotated[int, Query(ge=1, le=1000)] = 10,
-    before: str | None = None,
+    before: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None,
 ) -> Response:
     """The thread's checkpoints, newest first (the query-string form)."""
     return await _history(svc, tenant, thread_id, limit, before, None, None)
