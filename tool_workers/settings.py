@@ -225,6 +225,11 @@ class Settings(BaseSettings):
     bare (a tenant of its own) or as ``tenant:token`` (tokens sharing a named tenant)."""
     max_body_bytes: int = Field(default=4_194_304, gt=0)
     """Largest request body the HTTP service reads; larger ones are refused with 413."""
+    redis_pool_size: int = Field(default=50, gt=0)
+    """Redis connections each of the HTTP service's two shared clients opens at most;
+    requests needing one more wait for a free one."""
+    redis_pool_timeout: float = Field(default=20.0, gt=0)
+    """Seconds a request of the HTTP service waits for a free Redis connection (then 503)."""
     max_runs: int = Field(default=64, gt=0)
     """Runs one orchestrator replica executes at once; more are refused with 429."""
     tenant_max_runs: int | None = Field(default=None, gt=0)

@@ -18,10 +18,12 @@ from contextlib import asynccontextmanager
 from importlib.metadata import version
 from typing import Any
 
+import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
 
 from orchestrator.agent import async_checkpointer
 from orchestrator.dispatch.fleet import dispatcher_for
@@ -38,7 +40,7 @@ from orchestrator.server.runner import RunManager
 from orchestrator.server.services import Services
 from orchestrator.server.store import Store
 from orchestrator.server.tenancy import tenant_key, tenant_quota
-from tool_workers.connections import async_redis_client, mask_secrets
+from tool_workers.connections import mask_secrets, redis_connection_kwargs
 from tool_workers.errors import ConfigError
 from tool_workers.placeholders import refuse_placeholders
 from tool_workers.settings import Settings
@@ -101,6 +103,7 @@ def create_app(
     app.add_middleware(Guard, auth=auth, max_body_bytes=settings.max_body_bytes)
     app.add_exception_handler(RequestRefused, _refused)
     app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(RedisError, _redis_down)
     return app
 
 
@@ -111,9 +114,10 @@ async def _services(
     dispatcher = dispatcher_for(settings=settings)
     keys = Keys(settings.key_prefix)
     url = settings.broker_url
-    strings = async_redis_client(url, settings, decode_responses=True)
-    raw = async_redis_client(url, settings)
-    relay_client = async_redis_client(url, settings)  # its XREAD blocks: a client of its own
+    strings = pooled_client(url, settings, settings.redis_pool_size, decode_responses=True)
+    raw = pooled_client(url, settings, settings.redis_pool_size)
+    # Its XREAD blocks: a connection of its own (and one for a probe of a failed read).
+    relay_client = pooled_client(url, settings, 2)
     async with async_checkpointer(settings) as checkpointer:
         agent: AgentProvider | None = None
         sources: list[GraphSource]
@@ -150,6 +154,34 @@ async def _services(
             await relay.close()
             for client in (strings, raw, relay_client):
                 await client.aclose()
+
+
+def pooled_client(url: str, settings: Settings, size: int, **kwargs: Any) -> aioredis.Redis:
+    """A ``redis.asyncio`` client of at most ``size`` connections, where a caller that
+    finds them all busy waits (up to ``TOOLFLEET_REDIS_POOL_TIMEOUT``) instead of failing:
+    a burst of requests queues for Redis, it is not answered with errors."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=size,
+        timeout=settings.redis_pool_timeout,
+        **redis_connection_kwargs(url, settings),
+        **kwargs,
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
+async def _redis_down(request: Request, exc: Exception) -> JSONResponse:
+    log.warning(
+        "request %s %s: Redis unavailable (%s)",
+        request.method,
+        request.url.path[:256],
+        type(exc).__name__,
+    )
+    return JSONResponse(
+        {"detail": "the service's Redis is unavailable or busy; retry later"},
+        status_code=503,
+        headers={"Retry-After": "1"},
+    )
 
 
 async def _refused(request: Request, exc: Exception) -> JSONResponse:

@@ -296,7 +296,8 @@ class EventRelay:
                     continue
                 followed = by_key.get(raw_key)
                 if followed is not None:
-                    self._deliver(followed, [_entry(*e) for e in entries])
+                    start = parse_id(streams[raw_key.decode()])
+                    self._deliver(followed, start, [_entry(*e) for e in entries])
 
     async def _drop_unreadable(self, streams: dict[str, str], by_key: dict[bytes, str]) -> int:
         """Read each stream alone; drop the followers of those Redis refuses. Returns
@@ -317,9 +318,14 @@ class EventRelay:
                     follower.drop("its event log cannot be read")
         return failed
 
-    def _deliver(self, run_id: str, entries: list[Entry]) -> None:
+    def _deliver(self, run_id: str, start: tuple[int, int], entries: list[Entry]) -> None:
+        """Hand ``entries`` (read after ``start``) to the followers they continue."""
         for follower in list(self._followers.get(run_id, ())):
             position = parse_id(follower.position)
+            if position < start:
+                # Joined during this read: it needs earlier entries first, and the next
+                # read (from the lowest position) brings them.
+                continue
             for entry in entries:
                 if parse_id(entry.id) <= position:
                     continue
