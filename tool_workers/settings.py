@@ -240,6 +240,9 @@ class Settings(BaseSettings):
     429); default a quarter of ``max_runs``."""
     run_ttl: int = Field(default=604_800, gt=0)
     """Seconds a finished run's record and event log are kept in Redis."""
+    thread_ttl: int = Field(default=2_592_000, gt=0)
+    """Seconds a thread's record is kept in Redis after its last change (its checkpoints
+    are the checkpointer's to keep)."""
 
     @field_validator("tool_modules", "api_tokens", mode="before")
     @classmethod

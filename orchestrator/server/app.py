@@ -29,7 +29,7 @@ from orchestrator.agent import async_checkpointer
 from orchestrator.dispatch.fleet import dispatcher_for
 from orchestrator.server.auth import TokenAuth
 from orchestrator.server.errors import RequestRefused
-from orchestrator.server.eventlog import EventLog, EventRelay
+from orchestrator.server.eventlog import BLOCK_MS, EventLog, EventRelay
 from orchestrator.server.graph import AgentProvider, resolve_model
 from orchestrator.server.graphs import Graphs, GraphSource, ProjectSource
 from orchestrator.server.guard import Guard
@@ -117,7 +117,8 @@ async def _services(
     strings = pooled_client(url, settings, settings.redis_pool_size, decode_responses=True)
     raw = pooled_client(url, settings, settings.redis_pool_size)
     # Its XREAD blocks: a connection of its own (and one for a probe of a failed read).
-    relay_client = pooled_client(url, settings, 2)
+    # Its socket timeout outlasts the read's block: an idle relay is not a lost Redis.
+    relay_client = pooled_client(url, settings, 2, socket_timeout=BLOCK_MS / 1000 + 10)
     async with async_checkpointer(settings) as checkpointer:
         agent: AgentProvider | None = None
         sources: list[GraphSource]
@@ -129,7 +130,7 @@ async def _services(
             graph_store = await asyncio.to_thread(store_for, settings)
             sources = [ProjectSource(graph, checkpointer, graph_store) for graph in project]
         graphs = Graphs(sources)
-        store = Store(strings, keys, settings.run_ttl)
+        store = Store(strings, keys, settings.run_ttl, settings.thread_ttl)
         relay = EventRelay(relay_client, raw, keys, replica)
         manager = RunManager(
             client=strings,

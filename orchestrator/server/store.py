@@ -5,8 +5,10 @@ the broker), it gives the cross-replica channel for free (pub/sub for cancels, s
 the event relay, see :mod:`orchestrator.server.eventlog`), and it works the same whether
 the checkpointer is SQLite (one replica) or Postgres (many). These records are the
 *operational* side of a run (status, owner, queue position); the conversation itself is in
-the checkpointer. A finished run's record expires after ``TOOLFLEET_RUN_TTL`` seconds;
-thread records are kept until the thread is deleted.
+the checkpointer. Every record expires: a run's ``TOOLFLEET_RUN_TTL`` seconds after it was
+created and again after it finished, a thread's (with its index entries and its list of
+runs) ``TOOLFLEET_THREAD_TTL`` seconds after its last change. Index entries whose record
+has expired are dropped as searches meet them.
 
 Threads are stored under their thread key ``<tenant>/<thread id>``
 (:mod:`orchestrator.server.tenancy`); each tenant has its own index of threads, so a
@@ -49,10 +51,12 @@ return 1
 """
 
 _CREATE_THREAD = """
--- KEYS: thread hash, the tenant's thread index. ARGV: thread id, score, field/value pairs.
+-- KEYS: thread hash, the tenant's thread index. ARGV: thread id, score, ttl, field/values.
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
 return 1
 """
 
@@ -149,13 +153,15 @@ class Store:
     Args:
         client: A ``redis.asyncio`` client created with ``decode_responses=True``.
         keys: Key names of the deployment.
-        run_ttl: Seconds a finished run's record is kept.
+        run_ttl: Seconds a run's record is kept after it was created, and after it finished.
+        thread_ttl: Seconds a thread's records are kept after its last change.
     """
 
-    def __init__(self, client: aioredis.Redis, keys: Keys, run_ttl: int) -> None:
+    def __init__(self, client: aioredis.Redis, keys: Keys, run_ttl: int, thread_ttl: int) -> None:
         self._r: Any = client  # redis-py's stubs type replies as bytes | str
         self._keys = keys
         self._run_ttl = run_ttl
+        self._thread_ttl = thread_ttl
         self._admit = client.register_script(_ADMIT)
         self._create_thread = client.register_script(_CREATE_THREAD)
         self._if_holder = client.register_script(_IF_HOLDER)
@@ -172,7 +178,12 @@ class Store:
         fields = _thread_fields(record)  # serialised first: nothing is written if it fails
         created = await self._create_thread(
             keys=[self._keys.thread(record.key), self._keys.threads(tenant)],
-            args=[thread_id, time.time(), *(x for pair in fields.items() for x in pair)],
+            args=[
+                thread_id,
+                time.time(),
+                self._thread_ttl,
+                *(x for pair in fields.items() for x in pair),
+            ],
         )
         if created:
             return record, True
@@ -200,7 +211,10 @@ class Store:
         if missing:
             record.metadata.update(missing)
             metadata = dumps(record.metadata).decode()
-            await self._r.hset(self._keys.thread(record.key), "metadata", metadata)
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.hset(self._keys.thread(record.key), "metadata", metadata)
+                self._touch(pipe, record.key)
+                await pipe.execute()
 
     async def set_thread_status(self, thread: str, status: str) -> None:
         """Record the status of the thread with key ``thread`` (if it still exists)."""
@@ -208,7 +222,8 @@ class Store:
         async with self._r.pipeline(transaction=True) as pipe:
             pipe.exists(key)
             pipe.hset(key, mapping={"status": status, "updated_at": now_iso()})
-            exists, _ = await pipe.execute()
+            self._touch(pipe, thread)
+            exists, *_ = await pipe.execute()
         if not exists:  # deleted meanwhile: do not leave a half record behind
             await self._r.delete(key)
 
@@ -256,7 +271,12 @@ class Store:
                     break
             for thread_id in page:
                 record = await self.thread(thread_key(tenant, thread_id))
-                if record is None or (status and record.status != status):
+                if record is None:
+                    if candidates is None:  # an index entry whose record expired
+                        await self._r.zrem(self._keys.threads(tenant), thread_id)
+                        position -= 1
+                    continue
+                if status and record.status != status:
                     continue
                 if metadata and any(record.metadata.get(k) != v for k, v in metadata.items()):
                     continue
@@ -274,7 +294,9 @@ class Store:
         """Store a new run and list it under its thread."""
         async with self._r.pipeline(transaction=True) as pipe:
             pipe.hset(self._keys.run(run.run_id), mapping=_run_fields(run))
+            pipe.expire(self._keys.run(run.run_id), self._run_ttl)
             pipe.zadd(self._keys.thread_runs(run.thread_key), {run.run_id: time.time()})
+            self._touch(pipe, run.thread_key)
             await pipe.execute()
 
     async def run(self, run_id: str) -> RunRecord | None:
@@ -306,8 +328,7 @@ class Store:
             fields["error"] = dumps(error).decode()
         async with self._r.pipeline(transaction=True) as pipe:
             pipe.hset(self._keys.run(run_id), mapping=fields)
-            if status in TERMINAL_STATUSES:
-                pipe.expire(self._keys.run(run_id), self._run_ttl)
+            pipe.expire(self._keys.run(run_id), self._run_ttl)
             await pipe.execute()
 
     async def request_cancel(self, run_id: str) -> None:
@@ -346,6 +367,7 @@ class Store:
                 pipe.lpush(keys.thread_queue(thread_id), run_id)
             else:
                 pipe.rpush(keys.thread_queue(thread_id), run_id)
+            pipe.expire(keys.thread_queue(thread_id), self._thread_ttl)
             await pipe.execute()
 
     async def still_waiting(self, run_id: str) -> None:
@@ -372,6 +394,16 @@ class Store:
     async def release(self, thread_id: str, run_id: str) -> None:
         """Free the thread if the run holds it."""
         await self._if_holder(keys=[self._keys.thread_lock(thread_id)], args=[run_id, "release"])
+
+    def _touch(self, pipe: Any, thread: str) -> None:
+        """Restart the expiry of the thread's records: it changed."""
+        tenant, _ = split_thread_key(thread)
+        for key in (
+            self._keys.thread(thread),
+            self._keys.thread_runs(thread),
+            self._keys.threads(tenant),
+        ):
+            pipe.expire(key, self._thread_ttl)
 
 
 def _thread_fields(record: ThreadRecord) -> dict[str, str]:

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from orchestrator.server.app import pooled_client
-from tests.serving import ServerProcess, prefork_fleet, start_server
+from tests.support.serving import ServerProcess, prefork_fleet, start_server
 from tool_workers.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
