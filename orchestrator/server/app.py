@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 
 from orchestrator.agent import async_checkpointer
 from orchestrator.dispatch.fleet import dispatcher_for
+from orchestrator.server import openapi
 from orchestrator.server.auth import TokenAuth
 from orchestrator.server.errors import RequestRefused
 from orchestrator.server.eventlog import BLOCK_MS, EventLog, EventRelay
@@ -104,6 +105,7 @@ def create_app(
     app.add_exception_handler(RequestRefused, _refused)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(RedisError, _redis_down)
+    openapi.install(app)
     return app
 
 

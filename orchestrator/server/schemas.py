@@ -7,7 +7,6 @@ type or value is a 422 that names it.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -18,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    WithJsonSchema,
     field_validator,
 )
 
@@ -78,18 +78,39 @@ def _check_json(value: Any) -> Any:
             stack.extend((v, f"{path}.{k}"[:200], depth + 1) for k, v in pairs)
         elif isinstance(item, bool):
             continue
-        elif isinstance(item, int) and not _INT_MIN <= item <= _INT_MAX:
-            raise ValueError(f"integer beyond 64 bits at {path or '.'}")
-        elif isinstance(item, float) and not math.isfinite(item):
-            raise ValueError(f"non-finite number at {path or '.'}")
+        elif isinstance(item, int | float) and not _INT_MIN <= item <= _INT_MAX:
+            # Integers and floats alike (NaN fails the comparison): one rule, and one
+            # the OpenAPI document can state.
+            raise ValueError(f"number beyond the 64-bit range at {path or '.'}")
     return value
 
 
-JsonObject = Annotated[dict[str, Any], AfterValidator(_check_json)]
-"""A JSON object from a client, of bounded depth and 64-bit integers."""
+JSON_VALUE_REF = "#/components/schemas/JsonValue"
+JSON_VALUE_SCHEMA: dict[str, Any] = {
+    "title": "JsonValue",
+    "description": f"Any JSON value, numbers within 64 bits, nested at most {MAX_DEPTH} deep",
+    "anyOf": [
+        {"type": "string"},
+        {"type": "boolean"},
+        {"type": "null"},
+        {"type": "number", "minimum": _INT_MIN, "maximum": _INT_MAX},
+        {"type": "array", "items": {"$ref": JSON_VALUE_REF}},
+        {"type": "object", "additionalProperties": {"$ref": JSON_VALUE_REF}},
+    ],
+}
+"""The schema of :data:`JsonValue` in the OpenAPI document (its components)."""
 
-JsonValue = Annotated[Any, AfterValidator(_check_json)]
-"""Any JSON value from a client, of bounded depth and 64-bit integers."""
+JSON_VALUE_MARK = "x-toolfleet-json-value"
+"""Marks where the document refers to :data:`JSON_VALUE_SCHEMA` (pydantic resolves a
+``$ref`` it does not know itself: the mark is replaced by one when the document is made)."""
+
+_OBJECT_SCHEMA = {"type": "object", "additionalProperties": {JSON_VALUE_MARK: True}}
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(_check_json), WithJsonSchema(_OBJECT_SCHEMA)]
+"""A JSON object from a client, of bounded depth and 64-bit numbers."""
+
+JsonValue = Annotated[Any, AfterValidator(_check_json), WithJsonSchema({JSON_VALUE_MARK: True})]
+"""Any JSON value from a client, of bounded depth and 64-bit numbers."""
 
 _FILTER_KEY = r"^[A-Za-z0-9_.-]{1,128}$"
 
@@ -126,7 +147,7 @@ class CheckpointRef(_Body):
 class RunCommand(_Body):
     """Resume or steer an interrupted thread (LangGraph's ``Command``)."""
 
-    update: JsonObject | Annotated[list[Any], AfterValidator(_check_json)] | None = None
+    update: JsonObject | Annotated[list[JsonValue], Field(max_length=10_000)] | None = None
     resume: JsonValue = None
     goto: JsonValue = None
 
@@ -191,7 +212,18 @@ class HistoryRequest(_Body):
     before: Id | CheckpointRef | None = None
     """Only checkpoints older than this one: its id, the checkpoint (the Python SDK), or a
     config whose ``configurable`` is the checkpoint (the JS SDK)."""
-    metadata: Annotated[JsonObject | None, AfterValidator(_check_filter_keys)] = None
+    metadata: Annotated[
+        JsonObject | None,
+        AfterValidator(_check_filter_keys),
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {**_OBJECT_SCHEMA, "propertyNames": {"pattern": _FILTER_KEY}},
+                    {"type": "null"},
+                ]
+            }
+        ),
+    ] = None
     """Checkpoints whose metadata has these values (keys: letters, digits, ``_.-``)."""
     checkpoint: CheckpointRef | None = None
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from orchestrator.server.openapi import NOT_FOUND
 from orchestrator.server.schemas import Assistant, AssistantSearch, ItemId
 from orchestrator.server.services import Svc
 
@@ -25,7 +26,7 @@ async def search_assistants(svc: Svc, body: AssistantSearch) -> list[dict[str, A
     return matches[body.offset : body.offset + body.limit]
 
 
-@router.get("/{assistant_id}", response_model=Assistant)
+@router.get("/{assistant_id}", response_model=Assistant, responses=NOT_FOUND)
 async def get_assistant(svc: Svc, assistant_id: ItemId) -> dict[str, Any]:
     """The assistant, by its id or its graph id."""
     return svc.graphs.get(assistant_id).assistant()

@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 
 from orchestrator.server.errors import Conflict, NotFound, Unsupported
 from orchestrator.server.eventlog import parse_id
+from orchestrator.server.openapi import CONFLICT, NOT_FOUND, RUN_START
 from orchestrator.server.routes.threads import existing_thread
 from orchestrator.server.runconfig import thread_config
 from orchestrator.server.schemas import Run, RunCreate, RunId, RunStatus, ThreadId
@@ -27,21 +28,25 @@ _SSE: dict[int | str, dict[str, Any]] = {
 # -- starting runs ----------------------------------------------------------------------
 
 
-@router.post("/threads/{thread_id}/runs", response_model=Run)
+@router.post("/threads/{thread_id}/runs", response_model=Run, responses=RUN_START)
 async def create_run(svc: Svc, tenant: Tenant, thread_id: ThreadId, body: RunCreate) -> Any:
     """Start a background run on the thread."""
     run = await svc.runs.start_run(tenant, thread_id, body)
     return json_response(run.to_api(), headers=run_locations(run))
 
 
-@router.post("/runs", response_model=Run)
+@router.post("/runs", response_model=Run, responses=RUN_START)
 async def create_stateless_run(svc: Svc, tenant: Tenant, body: RunCreate) -> Any:
     """Start a background run on a new thread of its own."""
     run = await svc.runs.start_run(tenant, None, body)
     return json_response(run.to_api(), headers=run_locations(run))
 
 
-@router.post("/threads/{thread_id}/runs/stream", responses=_SSE, response_class=StreamingResponse)
+@router.post(
+    "/threads/{thread_id}/runs/stream",
+    responses={**_SSE, **RUN_START},
+    response_class=StreamingResponse,
+)
 async def stream_run(
     svc: Svc, tenant: Tenant, thread_id: ThreadId, body: RunCreate
 ) -> StreamingResponse:
@@ -50,13 +55,13 @@ async def stream_run(
     return await _start_streaming(svc, tenant, thread_id, body)
 
 
-@router.post("/runs/stream", responses=_SSE, response_class=StreamingResponse)
+@router.post("/runs/stream", responses={**_SSE, **RUN_START}, response_class=StreamingResponse)
 async def stream_stateless_run(svc: Svc, tenant: Tenant, body: RunCreate) -> StreamingResponse:
     """Start a run on a new thread of its own and stream it."""
     return await _start_streaming(svc, tenant, None, body)
 
 
-@router.post("/threads/{thread_id}/runs/wait")
+@router.post("/threads/{thread_id}/runs/wait", responses=RUN_START)
 async def wait_run(
     svc: Svc, tenant: Tenant, thread_id: ThreadId, body: RunCreate, request: Request
 ) -> Any:
@@ -64,7 +69,7 @@ async def wait_run(
     return await _start_waiting(svc, tenant, thread_id, body, request)
 
 
-@router.post("/runs/wait")
+@router.post("/runs/wait", responses=RUN_START)
 async def wait_stateless_run(svc: Svc, tenant: Tenant, body: RunCreate, request: Request) -> Any:
     """Start a run on a new thread of its own and answer with its final values."""
     return await _start_waiting(svc, tenant, None, body, request)
@@ -73,7 +78,7 @@ async def wait_stateless_run(svc: Svc, tenant: Tenant, body: RunCreate, request:
 # -- existing runs ------------------------------------------------------------------------
 
 
-@router.get("/threads/{thread_id}/runs", response_model=list[Run])
+@router.get("/threads/{thread_id}/runs", response_model=list[Run], responses=NOT_FOUND)
 async def list_runs(
     svc: Svc,
     tenant: Tenant,
@@ -88,13 +93,15 @@ async def list_runs(
     return json_response([r.to_api() for r in runs])
 
 
-@router.get("/threads/{thread_id}/runs/{run_id}", response_model=Run)
+@router.get("/threads/{thread_id}/runs/{run_id}", response_model=Run, responses=NOT_FOUND)
 async def get_run(svc: Svc, tenant: Tenant, thread_id: ThreadId, run_id: RunId) -> Any:
     """The run."""
     return json_response((await svc.runs.get_run(tenant, thread_id, run_id)).to_api())
 
 
-@router.delete("/threads/{thread_id}/runs/{run_id}", status_code=204)
+@router.delete(
+    "/threads/{thread_id}/runs/{run_id}", status_code=204, responses={**NOT_FOUND, **CONFLICT}
+)
 async def delete_run(svc: Svc, tenant: Tenant, thread_id: ThreadId, run_id: RunId) -> Response:
     """Forget a finished run (409 while it runs: cancel it first)."""
     run = await svc.runs.get_run(tenant, thread_id, run_id)
@@ -104,7 +111,7 @@ async def delete_run(svc: Svc, tenant: Tenant, thread_id: ThreadId, run_id: RunI
     return Response(status_code=204)
 
 
-@router.get("/threads/{thread_id}/runs/{run_id}/join")
+@router.get("/threads/{thread_id}/runs/{run_id}/join", responses=NOT_FOUND)
 async def join_run(svc: Svc, tenant: Tenant, thread_id: ThreadId, run_id: RunId) -> Any:
     """Wait until the run is done; answer with the thread's values."""
     run = await svc.runs.wait_done(await svc.runs.get_run(tenant, thread_id, run_id))
@@ -112,7 +119,9 @@ async def join_run(svc: Svc, tenant: Tenant, thread_id: ThreadId, run_id: RunId)
 
 
 @router.get(
-    "/threads/{thread_id}/runs/{run_id}/stream", responses=_SSE, response_class=StreamingResponse
+    "/threads/{thread_id}/runs/{run_id}/stream",
+    responses={**_SSE, **NOT_FOUND, 422: {"description": "Last-Event-ID is not an event id"}},
+    response_class=StreamingResponse,
 )
 async def join_stream(
     svc: Svc,
@@ -144,7 +153,15 @@ async def join_stream(
     )
 
 
-@router.post("/threads/{thread_id}/runs/{run_id}/cancel", response_model=Run)
+@router.post(
+    "/threads/{thread_id}/runs/{run_id}/cancel",
+    response_model=Run,
+    responses={
+        202: {"model": Run, "description": "Cancelling (without wait)"},
+        **NOT_FOUND,
+        **CONFLICT,
+    },
+)
 async def cancel_run(
     svc: Svc,
     tenant: Tenant,

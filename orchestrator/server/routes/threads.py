@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Response
 
 from orchestrator.server.encoding import thread_state
 from orchestrator.server.errors import Conflict, NotFound
+from orchestrator.server.openapi import CONFLICT, NOT_FOUND
 from orchestrator.server.runconfig import thread_config
 from orchestrator.server.schemas import (
     ID_MAX_CHARS,
@@ -42,7 +43,7 @@ async def existing_thread(svc: Services, tenant: str, thread_id: str) -> ThreadR
     return record
 
 
-@router.post("", response_model=Thread)
+@router.post("", response_model=Thread, responses=CONFLICT)
 async def create_thread(svc: Svc, tenant: Tenant, body: ThreadCreate) -> Response:
     """Create a thread (``if_exists``: ``raise`` answers 409, ``do_nothing`` returns it)."""
     thread_id = body.thread_id or str(uuid.uuid4())
@@ -66,14 +67,14 @@ async def search_threads(svc: Svc, tenant: Tenant, body: ThreadSearch) -> Respon
     return json_response([r.to_api(values=await _values(svc, r)) for r in records])
 
 
-@router.get("/{thread_id}", response_model=Thread)
+@router.get("/{thread_id}", response_model=Thread, responses=NOT_FOUND)
 async def get_thread(svc: Svc, tenant: Tenant, thread_id: ThreadId) -> Response:
     """The thread, with the values of its latest checkpoint."""
     record = await existing_thread(svc, tenant, thread_id)
     return json_response(record.to_api(values=await _values(svc, record)))
 
 
-@router.delete("/{thread_id}", status_code=204)
+@router.delete("/{thread_id}", status_code=204, responses=NOT_FOUND)
 async def delete_thread(svc: Svc, tenant: Tenant, thread_id: ThreadId) -> Response:
     """Cancel the thread's runs, delete its checkpoints and its records."""
     record = await existing_thread(svc, tenant, thread_id)
@@ -85,7 +86,7 @@ async def delete_thread(svc: Svc, tenant: Tenant, thread_id: ThreadId) -> Respon
     return Response(status_code=204)
 
 
-@router.get("/{thread_id}/state", response_model=ThreadState)
+@router.get("/{thread_id}/state", response_model=ThreadState, responses=NOT_FOUND)
 async def get_state(
     svc: Svc, tenant: Tenant, thread_id: ThreadId, subgraphs: bool = False
 ) -> Response:
@@ -93,7 +94,7 @@ async def get_state(
     return await _state(svc, tenant, thread_id, None, subgraphs)
 
 
-@router.get("/{thread_id}/state/{checkpoint_id}", response_model=ThreadState)
+@router.get("/{thread_id}/state/{checkpoint_id}", response_model=ThreadState, responses=NOT_FOUND)
 async def get_state_at(
     svc: Svc, tenant: Tenant, thread_id: ThreadId, checkpoint_id: ItemId, subgraphs: bool = False
 ) -> Response:
@@ -101,7 +102,7 @@ async def get_state_at(
     return await _state(svc, tenant, thread_id, checkpoint_id, subgraphs)
 
 
-@router.post("/{thread_id}/state/checkpoint", response_model=ThreadState)
+@router.post("/{thread_id}/state/checkpoint", response_model=ThreadState, responses=NOT_FOUND)
 async def post_state_at(
     svc: Svc, tenant: Tenant, thread_id: ThreadId, body: StateAtCheckpoint
 ) -> Response:
@@ -109,7 +110,7 @@ async def post_state_at(
     return await _state(svc, tenant, thread_id, body.checkpoint.checkpoint_id, body.subgraphs)
 
 
-@router.post("/{thread_id}/history", response_model=list[ThreadState])
+@router.post("/{thread_id}/history", response_model=list[ThreadState], responses=NOT_FOUND)
 async def post_history(
     svc: Svc, tenant: Tenant, thread_id: ThreadId, body: HistoryRequest
 ) -> Response:
@@ -119,7 +120,7 @@ async def post_history(
     return await _history(svc, tenant, thread_id, body.limit, before, start, body.metadata)
 
 
-@router.get("/{thread_id}/history", response_model=list[ThreadState])
+@router.get("/{thread_id}/history", response_model=list[ThreadState], responses=NOT_FOUND)
 async def get_history(
     svc: Svc,
     tenant: Tenant,

@@ -1,0 +1,108 @@
+"""``toolfleet serve`` against its own OpenAPI document, with a schema-driven fuzzer.
+
+schemathesis reads ``/openapi.json`` from a running server (the real CLI over a prefork
+fleet of its own) and sends every operation generated requests, valid and invalid, with
+a token: no answer may be a server error, and every answer (status, headers, body) must
+be one the document describes. Bounded: a few examples per operation, well under two
+minutes in all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+
+from tests.support.serving import ServerProcess, prefork_fleet, start_server
+from tool_workers.settings import Settings
+
+__all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
+
+EXAMPLES = 8
+"""Generated requests per operation."""
+
+
+@pytest.fixture(scope="module")
+def server(
+    prefork_fleet: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    process = start_server(
+        prefork_fleet,
+        tmp_path_factory.mktemp("openapi"),
+        "openapi",
+        # Fuzzed runs may wait a day (after_seconds): room enough that none is refused.
+        max_runs=2_000,
+        tenant_max_runs=1_000,
+        tenant_max_queued=1_000,
+    )
+    yield process
+    process.stop()
+
+
+def fuzz(operation: Any, mode: Any, base_url: str, token: str) -> list[str]:
+    """Send ``EXAMPLES`` generated requests of ``mode`` to ``operation``; the failures."""
+    failures: list[str] = []
+
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize=True,
+        database=None,
+        phases=[Phase.generate],  # no shrinking: a failure is reported as found
+    )
+    def check(case: Any) -> None:
+        try:
+            case.call_and_validate(
+                base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=20
+            )
+        except (Exception, BaseExceptionGroup) as exc:  # schemathesis's (grouped) failures
+            failures.append(f"{operation.label} [{mode.value}]: {str(exc)[:1500]}")
+
+    try:
+        check()
+    except Unsatisfiable:  # nothing of the operation can be made invalid (GET /ok)
+        assert mode == GenerationMode.NEGATIVE, operation.label
+    return failures
+
+
+@pytest.mark.timeout(110)
+def test_every_operation_answers_as_documented(server: ServerProcess) -> None:
+    """Given the server's own document, when every operation gets generated valid and
+    invalid requests with a token, then none is a server error or breaks the document."""
+    api = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
+    token = server.settings.api_tokens[0]
+    failures: list[str] = []
+    operations = 0
+    for result in api.get_all_operations():
+        operation = result.ok()
+        operations += 1
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            failures += fuzz(operation, mode, server.url, token)
+    assert operations >= 25
+    assert not failures, "\n\n".join(failures)
+
+
+def test_the_document_states_the_refusals(server: ServerProcess) -> None:
+    """The 422's ``detail`` is a string, refusals are documented, and a 405 names every
+    method its path allows."""
+    document = httpx.get(f"{server.url}/openapi.json").json()
+    invalid = document["components"]["schemas"]["HTTPValidationError"]
+    assert invalid["properties"]["detail"]["type"] == "string"
+    runs = document["paths"]["/threads/{thread_id}/runs"]["post"]["responses"]
+    assert {"200", "401", "404", "409", "413", "422", "429"} <= set(runs)
+    cancel = document["paths"]["/threads/{thread_id}/runs/{run_id}/cancel"]["post"]
+    assert "202" in cancel["responses"]
+    token = server.settings.api_tokens[0]
+    refused = httpx.patch(
+        f"{server.url}/threads/some-thread", headers={"Authorization": f"Bearer {token}"}
+    )
+    assert refused.status_code == 405
+    assert set(refused.headers["allow"].split(", ")) >= {"GET", "DELETE"}
