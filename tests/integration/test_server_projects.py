@@ -108,7 +108,9 @@ def test_a_create_agent_graph_runs_its_tool_calls_on_the_fleet(server: ServerPro
     assert messages[-1]["content"] == "done: 2 results: 5, s 0.2"
     saved = Path(server.settings.checkpoint_path)
     with SqliteSaver.from_conn_string(str(saved)) as saver:
-        assert list(saver.list({"configurable": {"thread_id": thread_id}}))
+        # The service keeps a thread's checkpoints under its tenant: <tenant>/<thread id>.
+        stored = {c.config["configurable"]["thread_id"] for c in saver.list(None)}
+        assert any(key.endswith(f"/{thread_id}") for key in stored), stored
 
 
 def test_a_graph_factory_is_made_per_run_with_the_runs_config(server: ServerProcess) -> None:
