@@ -85,7 +85,9 @@ async def list_runs(
     thread_id: ThreadId,
     limit: Annotated[int, Query(ge=1, le=1000)] = 10,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
-    status: RunStatus | None = None,
+    # Not "RunStatus | None": a nullable query parameter is documented as accepting the
+    # text "null", which no status is.
+    status: RunStatus = None,  # type: ignore[assignment]
 ) -> Any:
     """The thread's runs, newest first."""
     record = await existing_thread(svc, tenant, thread_id)
