@@ -1,8 +1,9 @@
 """The graph context a remote call carries, and a remote ``Command`` brought back.
 
 The orchestrator sends a remote tool only what it declared: the state fields named by
-its ``InjectedState`` arguments (the state without its message history when the tool
-asks for the whole state, or takes a ``ToolRuntime``: the history grows with every turn),
+its ``InjectedState`` arguments (never the message history unless the orchestrator's
+policy sets ``inject_messages`` for the tool: it grows with every turn, and a worker's
+registry entry must not be able to ask for it),
 the run's ``context``, and a whitelist of the run's config. Values that cannot be JSON
 are refused with an error naming the field.
 """
@@ -30,11 +31,13 @@ def injected_for(spec: ToolSpec, request: ToolCallRequest) -> Injected | None:
         return None
     state = _state_dict(request.state)
     fields: dict[str, Any] = {}
+    # The orchestrator's policy alone decides this (the registry view puts it in the spec
+    # it routes with); what a worker declares cannot ask for the history.
+    with_history = bool(spec.options.get("inject_messages"))
     if wanted.runtime or any(field is None for field in wanted.state.values()):
-        with_history = bool(spec.options.get("inject_messages"))
         fields.update({k: v for k, v in state.items() if k != "messages" or with_history})
     for field in wanted.state.values():
-        if field is not None and field in state:
+        if field is not None and field in state and (field != "messages" or with_history):
             fields[field] = state[field]
     runtime = request.runtime
     context = getattr(runtime, "context", None) if runtime is not None else None

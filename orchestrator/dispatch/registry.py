@@ -3,6 +3,11 @@
 Each worker keeps one entry fresh (:mod:`tool_workers.registry` writes it); this side
 reads every entry with one ``SCAN`` + ``MGET``, at most once a second, and shares the
 resulting tool map between threads without copying it.
+
+What a worker says about itself routes nothing. A call's queue and whether its tool gets
+the message history come from the orchestrator's own tool policy, whatever the entry
+says; when workers disagree about a tool, the spec is picked by rules an entry cannot
+bend (no worker-written timestamp decides), and the disagreement is logged once.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import redis
 
 from tool_workers.errors import DispatchError
 from tool_workers.protocol import ToolSpec, WorkerEntry, worker_registry_pattern
-from tool_workers.settings import Settings
+from tool_workers.settings import Settings, ToolPolicies, ToolPolicy
 
 log = logging.getLogger("toolfleet.registry")
 
@@ -44,13 +49,69 @@ def read_entries(client: redis.Redis, key_prefix: str) -> list[WorkerEntry]:
     return entries
 
 
-def served_tools(entries: Iterable[WorkerEntry]) -> dict[str, ToolSpec]:
-    """The tools some live worker serves, by name (the most recently refreshed spec wins)."""
-    tools: dict[str, ToolSpec] = {}
-    for entry in sorted(entries, key=lambda e: e.updated_at):
+def served_tools(
+    entries: Iterable[WorkerEntry],
+    policies: ToolPolicies,
+    reported: set[str] | None = None,
+) -> dict[str, ToolSpec]:
+    """The tools some live worker serves, by name, governed by the orchestrator's policy.
+
+    Of the specs the workers publish for one tool, the one from a worker whose queue
+    matches the policy wins, then the one from the lexically first worker name. The
+    winner's ``queue`` and ``inject_messages`` are replaced by the policy's.
+
+    Args:
+        entries: The live workers' registry entries.
+        policies: The orchestrator's tool policy.
+        reported: Disagreements already logged (each is logged once); none if omitted.
+    """
+    offers: dict[str, list[tuple[str, ToolSpec]]] = {}
+    for entry in entries:
         for spec in entry.tools:
-            tools[spec.name] = spec
+            offers.setdefault(spec.name, []).append((entry.worker, spec))
+    tools: dict[str, ToolSpec] = {}
+    for name, offered in offers.items():
+        policy = policies.for_tool(name)
+        worker, spec = min(offered, key=lambda o: (o[1].queue != policy.queue, o[0]))
+        _report(name, offered, worker, spec, policy, reported)
+        tools[name] = _governed(spec, policy)
     return tools
+
+
+def _governed(spec: ToolSpec, policy: ToolPolicy) -> ToolSpec:
+    """``spec`` with what only the orchestrator decides: where it runs, what it is sent."""
+    options = {**spec.options, "inject_messages": policy.inject_messages}
+    return spec.model_copy(update={"queue": policy.queue, "options": options})
+
+
+def _report(
+    name: str,
+    offered: list[tuple[str, ToolSpec]],
+    worker: str,
+    chosen: ToolSpec,
+    policy: ToolPolicy,
+    reported: set[str] | None,
+) -> None:
+    """Log, once, workers that disagree about a tool or with the orchestrator's policy."""
+    variants = {spec.model_dump_json() for _, spec in offered}
+    if len(variants) == 1 and chosen.queue == policy.queue:
+        return
+    fingerprint = f"{name}\x1f{sorted((w, s.model_dump_json()) for w, s in offered)}"
+    if reported is not None:
+        if fingerprint in reported:
+            return
+        if len(reported) > 1024:
+            reported.clear()
+        reported.add(fingerprint)
+    workers = ", ".join(sorted(f"{w} (queue {s.queue!r})" for w, s in offered))
+    log.warning(
+        "workers disagree about tool %s: %s; using the spec of %s, routed to queue %r by "
+        "this orchestrator's policy",
+        name,
+        workers,
+        worker,
+        policy.queue,
+    )
 
 
 class RegistryView:
@@ -65,6 +126,8 @@ class RegistryView:
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
         self._client = client
         self._prefix = settings.key_prefix
+        self._policies = settings.policies()
+        self._reported: set[str] = set()
         self._lock = threading.Lock()
         self._entries: list[WorkerEntry] = []
         self._tools: Mapping[str, ToolSpec] = MappingProxyType({})
@@ -84,8 +147,11 @@ class RegistryView:
         with self._lock:
             self._entries = entries
             # Replaced whole, never mutated: readers share it without a copy.
-            self._tools = MappingProxyType(served_tools(entries))
+            self._tools = MappingProxyType(self._served(entries))
             self._read_at = time.monotonic()
+
+    def _served(self, entries: list[WorkerEntry]) -> dict[str, ToolSpec]:
+        return served_tools(entries, self._policies, self._reported)
 
     def _read_failed(self, exc: Exception) -> None:
         if self._read_at != float("-inf"):
@@ -105,7 +171,7 @@ class RegistryView:
                 continue
             with self._lock:
                 self._entries = entries
-                self._tools = MappingProxyType(served_tools(entries))
+                self._tools = MappingProxyType(self._served(entries))
                 self._read_at = time.monotonic()
             return
         raise DispatchError(f"cannot read the tool registry: {exc!r}") from exc
