@@ -22,6 +22,7 @@ from langgraph.prebuilt.tool_node import INVALID_TOOL_NAME_ERROR_TEMPLATE
 
 from orchestrator.calls import PreparedCall, answered_ids, messages_of
 from tool_workers.protocol import ErrorKind, ToolResult
+from tool_workers.signing import Problem
 
 log = logging.getLogger("toolfleet.orchestrator")
 
@@ -117,6 +118,16 @@ def bad_result_text(tool: str, errors: int) -> str:
     return (
         f"Error: the worker's result for '{tool}' is not a toolfleet result "
         f"({errors} error(s)).{FIX}"
+    )
+
+
+def refused_result_text(tool: str, problem: Problem) -> str:
+    """A result refused for its signature (``TOOLFLEET_SIGNING_KEY`` set here)."""
+    what = "is not signed" if problem == "unsigned" else "has a signature that does not match"
+    return (
+        f"Error: the result of the call to '{tool}' was refused: it {what}, and this "
+        "orchestrator only accepts results signed with TOOLFLEET_SIGNING_KEY (forged, or "
+        "from a worker without the key). Whether the tool ran is unknown."
     )
 
 

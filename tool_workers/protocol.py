@@ -109,6 +109,8 @@ class ToolRequest(BaseModel):
     """Publish the tool's stream-writer events (and heartbeats) on the reply channel."""
     trace: TraceContext | None = None
     """The caller's trace context: the worker's span of the call is its child."""
+    signature: str | None = None
+    """HMAC-SHA256 of the request and its identity (see :mod:`tool_workers.signing`)."""
 
     @field_validator("trace", mode="wrap")
     @classmethod
@@ -221,6 +223,8 @@ class ToolResult(BaseModel):
     """Unix time the tool started."""
     duration: float = 0.0
     """Seconds the tool ran."""
+    signature: str | None = None
+    """HMAC-SHA256 of the result and its task id (see :mod:`tool_workers.signing`)."""
 
     @classmethod
     def error(cls, kind: ErrorKind, message: str, **fields: Any) -> ToolResult:

@@ -230,6 +230,9 @@ class Settings(BaseSettings):
     requests needing one more wait for a free one."""
     redis_pool_timeout: float = Field(default=20.0, gt=0)
     """Seconds a request of the HTTP service waits for a free Redis connection (then 503)."""
+    signing_key: str | None = Field(default=None, min_length=16, repr=False, exclude=True)
+    """Shared secret of signed envelopes: requests and results carry an HMAC-SHA256 and
+    anything unsigned or mis-signed is refused (set it on the orchestrator and workers)."""
     max_runs: int = Field(default=64, gt=0)
     """Runs one orchestrator replica executes at once; more are refused with 429."""
     tenant_max_runs: int | None = Field(default=None, gt=0)

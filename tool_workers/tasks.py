@@ -32,6 +32,7 @@ from tool_workers.protocol import (
     task_name,
 )
 from tool_workers.settings import Settings, ToolPolicies, ToolPolicy
+from tool_workers.signing import refused_request_text, request_problem, sign_result
 from tool_workers.store import store_for
 
 log = logging.getLogger("toolfleet.worker")
@@ -93,6 +94,12 @@ def _register(app: Celery, tool: BaseTool, settings: Settings, policy: ToolPolic
     key_prefix = settings.key_prefix
     expires = settings.result_expires
     needs_store = injected_args_of(tool).store is not None
+    signing_key = settings.signing_key
+    own_task = task_name(tool.name)
+
+    def seal(task_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        # Every result this task returns is signed when the fleet has a key.
+        return sign_result(signing_key, task_id, body) if signing_key else body
 
     @app.task(  # type: ignore[untyped-decorator]
         name=task_name(tool.name),
@@ -114,9 +121,17 @@ def _register(app: Celery, tool: BaseTool, settings: Settings, policy: ToolPolic
     def run_tool(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
         worker = self.request.hostname or ""
         raw = args[0] if args else kwargs.get("request")
+        if signing_key:
+            problem = request_problem(signing_key, self.request.id, own_task, raw)
+            if problem is not None:
+                log.error("refused the %s request of call %s", problem, self.request.id)
+                refused = ToolResult.error(
+                    "protocol", refused_request_text(tool.name, problem), worker=worker
+                )
+                return seal(self.request.id, refused.model_dump(mode="json"))
         request = _decode(raw, tool.name, worker)
         if isinstance(request, ToolResult):
-            return request.model_dump(mode="json")
+            return seal(self.request.id, request.model_dump(mode="json"))
         if request.tool != tool.name:
             # The task name routed the call here; a request naming another tool is not
             # run as this one.
@@ -125,17 +140,18 @@ def _register(app: Celery, tool: BaseTool, settings: Settings, policy: ToolPolic
                 self.request.id,
                 tool.name,
             )
-            return ToolResult.error(
+            mismatch = ToolResult.error(
                 "protocol",
                 f"Error: the call to '{tool.name}' names another tool in its request "
                 f"({request.tool!r}); it was not run.\n Please fix your mistakes.",
                 worker=worker,
-            ).model_dump(mode="json")
+            )
+            return seal(self.request.id, mismatch.model_dump(mode="json"))
 
         attempt = self.request.retries + 1
         refusal = _check_delivery(self, key_prefix, expires, attempt, tool.name, policy, worker)
         if refusal is not None:
-            return refusal
+            return seal(self.request.id, refusal)
 
         t0 = time.perf_counter()
         channel = reply_channel_of(self.request)
@@ -194,7 +210,7 @@ def _register(app: Celery, tool: BaseTool, settings: Settings, policy: ToolPolic
                 }
             },
         )
-        return result.model_dump(mode="json")
+        return seal(self.request.id, result.model_dump(mode="json"))
 
 
 def _decode(raw: Any, tool: str, worker: str) -> ToolRequest | ToolResult:

@@ -281,7 +281,13 @@ class CeleryDispatcher:
                     self._still_owned(call)
         finally:
             self._forget(call.task_id)
-        return result_from_meta(meta, call.tool, call.spec)
+        return result_from_meta(
+            meta,
+            call.tool,
+            call.spec,
+            task_id=call.task_id,
+            signing_key=self.settings.signing_key,
+        )
 
     async def wait_async(self, call: PreparedCall, timeout: float | None = None) -> ToolResult:
         """Await the call's result on the running event loop (see :meth:`wait`).
@@ -310,7 +316,13 @@ class CeleryDispatcher:
                 await self._off_loop(self._still_owned, call)
         finally:
             self._forget(call.task_id)
-        return result_from_meta(meta, call.tool, call.spec)
+        return result_from_meta(
+            meta,
+            call.tool,
+            call.spec,
+            task_id=call.task_id,
+            signing_key=self.settings.signing_key,
+        )
 
     @staticmethod
     def _step(call: PreparedCall, deadline: float | None) -> float:

@@ -28,7 +28,8 @@ def dispatcher_for(app: Celery | None = None, settings: Settings | None = None) 
         settings = _settings_for_app(app, settings)
         key: tuple[Any, ...] = ("app", id(app))
     else:
-        key = (settings.broker_url, settings.backend_url, settings.namespace)
+        # The signing key too: a dispatcher signs and checks with its settings' key.
+        key = (settings.broker_url, settings.backend_url, settings.namespace, settings.signing_key)
     with _lock:
         dispatcher = _dispatchers.get(key)
         if dispatcher is None or (app is not None and dispatcher.app is not app):

@@ -3,10 +3,16 @@
 A worker's own result (SUCCESS) carries content, artifact and status. Celery records a
 failure itself when the call never returned: the hard time limit killed it, no worker
 knew the task, the worker was lost for good, or the call was revoked.
+
+With a signing key, a worker's result counts only with a valid signature for the call's
+task id. Celery's own failure records cannot be signed: they still say what happened
+(time limit, lost worker), but the text they carry, which anyone who can write to Redis
+could have chosen, is not shown to the model.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic import ValidationError
@@ -15,17 +21,44 @@ from orchestrator.messages import (
     bad_result_text,
     cancelled_text,
     not_served_there_text,
+    refused_result_text,
     unreadable_text,
     worker_lost_text,
 )
 from tool_workers.protocol import ToolResult, ToolSpec, error_text, timeout_text
+from tool_workers.signing import result_problem
+
+log = logging.getLogger("toolfleet.dispatch")
+
+WITHHELD = "details not shown: unsigned"
+"""The detail of a Celery failure record when a signing key is set."""
 
 
-def result_from_meta(meta: dict[str, Any], tool: str, spec: ToolSpec | None = None) -> ToolResult:
-    """The ToolResult for a ready Celery meta of a call to ``tool``."""
+def result_from_meta(
+    meta: dict[str, Any],
+    tool: str,
+    spec: ToolSpec | None = None,
+    *,
+    task_id: str = "",
+    signing_key: str | None = None,
+) -> ToolResult:
+    """The ToolResult for a ready Celery meta of a call to ``tool``.
+
+    Args:
+        meta: What the result backend holds for the call.
+        tool: The tool called.
+        spec: The tool's spec (its time limit names a timeout).
+        task_id: The call's task id, which a signed result must be signed for.
+        signing_key: ``TOOLFLEET_SIGNING_KEY``: unsigned or mis-signed results are refused.
+    """
     state = meta.get("status")
     payload = meta.get("result")
     if state == "SUCCESS":
+        if signing_key:
+            problem = result_problem(signing_key, task_id, payload)
+            if problem is not None:
+                log.error("refused the %s result of call %s to %s", problem, task_id, tool)
+                return ToolResult.error("protocol", refused_result_text(tool, problem))
         try:
             return ToolResult.model_validate(payload)
         except ValidationError as exc:
@@ -39,6 +72,8 @@ def result_from_meta(meta: dict[str, Any], tool: str, spec: ToolSpec | None = No
         if isinstance(exc_message, (list, tuple))
         else str(exc_message)
     )
+    if signing_key:
+        detail = WITHHELD
     if exc_type == "TimeLimitExceeded":
         limit = spec.options.get("time_limit") if spec else None
         if limit is None:
@@ -53,7 +88,8 @@ def result_from_meta(meta: dict[str, Any], tool: str, spec: ToolSpec | None = No
         return ToolResult.error("protocol", unreadable_text(tool, detail))
     if exc_type == "WorkerLostError":
         return ToolResult.error("worker_lost", worker_lost_text(tool, detail))
-    return ToolResult.error("tool_error", error_text(_Remote(exc_type, detail)))
+    shown = "RemoteError" if signing_key else exc_type
+    return ToolResult.error("tool_error", error_text(_Remote(shown, detail)))
 
 
 class _Remote(Exception):

@@ -20,6 +20,7 @@ from celery import Celery
 from orchestrator.calls import PreparedCall
 from tool_workers.protocol import call_marker_key, task_name
 from tool_workers.settings import Settings
+from tool_workers.signing import sign_request
 
 log = logging.getLogger("toolfleet.dispatch")
 
@@ -41,6 +42,7 @@ class Publisher:
         self._client = client
         self._prefix = settings.key_prefix
         self._expires = settings.result_expires
+        self._signing_key = settings.signing_key
         self._sender = app.amqp.send_task_message
 
     def publish(self, calls: Sequence[PreparedCall]) -> list[PreparedCall]:
@@ -107,10 +109,13 @@ class Publisher:
                 options = amqp.router.route(
                     {"queue": call.queue} if call.queue else {}, name, (), {}
                 )
+                body = call.request().model_dump(mode="json")
+                if self._signing_key:
+                    body = sign_request(self._signing_key, call.task_id, name, body)
                 message = amqp.create_task_message(
                     call.task_id,
                     name,
-                    (call.request().model_dump(mode="json"),),
+                    (body,),
                     {},
                     reply_to=self._reply_to,
                     argsrepr=_argsrepr(call),

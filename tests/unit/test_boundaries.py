@@ -33,6 +33,7 @@ CONTRACT = frozenset(
         "tool_workers.logs",  # the log line format both sides write
         "tool_workers.store",  # the LangGraph store both sides open (TOOLFLEET_STORE_URL)
         "tool_workers.placeholders",  # the placeholder secrets every process refuses at start
+        "tool_workers.signing",  # the HMAC of signed envelopes (TOOLFLEET_SIGNING_KEY)
     }
 )
 """The ``tool_workers`` modules the orchestrator may import."""
