@@ -65,6 +65,7 @@ def run(
     from rich.console import Console
 
     from orchestrator.cli.demo import run_agent
+    from orchestrator.cli.errors import setup_errors
     from orchestrator.dispatch.fleet import close_all
     from tool_workers.logs import configure_logging
     from tool_workers.settings import Settings
@@ -72,14 +73,15 @@ def run(
     settings = Settings()
     configure_logging(settings)  # a line per finished call; JSON with TOOLFLEET_LOG_JSON=1
     try:
-        run_agent(
-            settings,
-            model or settings.model,
-            prompt,
-            console=Console(),
-            wait_for_workers=wait,
-            thread_id=thread,
-        )
+        with setup_errors(settings.broker_url):
+            run_agent(
+                settings,
+                model or settings.model,
+                prompt,
+                console=Console(),
+                wait_for_workers=wait,
+                thread_id=thread,
+            )
     finally:
         close_all()
 
@@ -94,11 +96,14 @@ def status(
     """Workers online, queue depths, tools per queue and in-flight calls of the fleet."""
     from rich.console import Console
 
+    from orchestrator.cli.errors import setup_errors
     from orchestrator.cli.status import run_status
     from tool_workers.settings import Settings
 
     logging.basicConfig(level=logging.WARNING)
-    code = run_status(Settings(), as_json=as_json, timeout=timeout, console=Console())
+    settings = Settings()
+    with setup_errors(settings.broker_url):
+        code = run_status(settings, as_json=as_json, timeout=timeout, console=Console())
     raise typer.Exit(code)
 
 

@@ -189,12 +189,14 @@ def run_agent(
     Returns:
         The final agent state.
     """
+    # The model first: a spec that leads nowhere is said at once, not after the wait.
+    chat = _chat_model(model_spec, workspace, console)
     dispatcher = dispatcher_for(settings=settings)
     tools = discover_tools(dispatcher=dispatcher, wait=wait_for_workers)
     if not tools:
         raise SystemExit(f"no worker published any tool within {wait_for_workers:g} s")
     agent = create_agent(
-        _chat_model(model_spec, workspace, console),
+        chat,
         tools,
         system_prompt="You are a careful engineer. Use the tools; call independent ones together.",
         middleware=[CeleryToolMiddleware(dispatcher=dispatcher)],

@@ -1,0 +1,43 @@
+"""How the ``toolfleet`` commands fail: a line or two on stderr and a non-zero exit.
+
+A missing broker or a model spec that leads nowhere is the user's setup, not a bug: it
+gets the reason and what it concerned (the broker URL with its password masked), never a
+traceback. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import redis
+import typer
+from kombu.exceptions import OperationalError
+
+from tool_workers.connections import mask_secrets
+from tool_workers.errors import ToolfleetError
+
+# Exit code of a command that could not do its work because of its setup.
+SETUP_ERROR = 2
+
+
+def fail(message: str) -> typer.Exit:
+    """Print ``error: message`` (secrets masked) on stderr; the exit to raise."""
+    typer.echo(f"error: {mask_secrets(message)}", err=True)
+    return typer.Exit(SETUP_ERROR)
+
+
+@contextlib.contextmanager
+def setup_errors(broker_url: str) -> Iterator[None]:
+    """Turn the errors of a setup that does not work into :func:`fail`'s line.
+
+    Args:
+        broker_url: The broker the command talks to, named when it cannot be reached.
+    """
+    try:
+        yield
+    except ToolfleetError as exc:
+        raise fail(str(exc)) from None
+    except (redis.RedisError, OperationalError, ConnectionError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise fail(f"cannot reach the broker at {broker_url}: {reason}") from None
