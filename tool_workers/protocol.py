@@ -316,6 +316,12 @@ def worker_registry_key(key_prefix: str, worker: str) -> str:
     return f"{key_prefix}workers:{worker}"
 
 
+def worker_processes_key(key_prefix: str, worker: str) -> str:
+    """Redis sorted set of the processes (``host:pid``) refreshing one node name's entry,
+    scored by their last refresh: more than one fresh member is two workers of one name."""
+    return f"{key_prefix}worker-processes:{worker}"
+
+
 def worker_registry_pattern(key_prefix: str) -> str:
     """``SCAN`` pattern matching every worker's registry key."""
     return f"{key_prefix}workers:*"

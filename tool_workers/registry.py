@@ -5,6 +5,9 @@ A worker writes one key (``<prefix>workers:<node name>``) holding a
 queue it consumes, the tool's name, description, JSON schema, ``return_direct``, queue
 and options. The key is refreshed every ``registry_refresh`` seconds and expires after
 three missed refreshes, so a tool no live worker serves drops out of the registry.
+Two processes started with one node name would share that key and hide each other, so
+each also notes itself (``host:pid``, scored by time) in the name's
+``worker-processes`` set, where ``toolfleet status`` sees the twin.
 Orchestrators read it with :mod:`orchestrator.dispatch.registry`.
 """
 
@@ -12,13 +15,19 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterable
 
 import redis
 
-from tool_workers.protocol import ToolSpec, WorkerEntry, worker_registry_key
+from tool_workers.protocol import (
+    ToolSpec,
+    WorkerEntry,
+    worker_processes_key,
+    worker_registry_key,
+)
 
 log = logging.getLogger("toolfleet.registry")
 
@@ -50,6 +59,8 @@ class RegistryPublisher:
     ) -> None:
         self._client = client
         self._key = worker_registry_key(key_prefix, entry.worker)
+        self._processes_key = worker_processes_key(key_prefix, entry.worker)
+        self._member = f"{socket.gethostname()}:{os.getpid()}"
         self._entry = entry
         self._refresh = refresh
         self._ttl_ms = max(int(refresh * TTL_REFRESHES * 1000), 1000)
@@ -58,8 +69,14 @@ class RegistryPublisher:
 
     def publish(self) -> None:
         """Write the entry now (raises on a Redis error)."""
-        entry = self._entry.model_copy(update={"updated_at": time.time()})
-        self._client.set(self._key, entry.model_dump_json(), px=self._ttl_ms)
+        now = time.time()
+        entry = self._entry.model_copy(update={"updated_at": now})
+        with self._client.pipeline(transaction=False) as pipe:
+            pipe.set(self._key, entry.model_dump_json(), px=self._ttl_ms)
+            pipe.zadd(self._processes_key, {self._member: now})
+            pipe.zremrangebyscore(self._processes_key, "-inf", now - self._ttl_ms / 1000)
+            pipe.pexpire(self._processes_key, self._ttl_ms)
+            pipe.execute()
 
     def start(self) -> None:
         """Publish now, then keep refreshing until :meth:`stop`."""
@@ -81,5 +98,6 @@ class RegistryPublisher:
             self._thread.join(timeout=5)
         try:
             self._client.delete(self._key)
+            self._client.zrem(self._processes_key, self._member)
         except redis.RedisError as exc:
             log.warning("could not remove registry entry %s: %r", self._key, exc)

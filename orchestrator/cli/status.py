@@ -20,11 +20,22 @@ Where each number comes from:
   day, and the broker's ``unacked`` hash also holds calls reserved but not started. A
   worker that does not answer in time is listed as unresponsive, its calls not counted.
   The replies carry the call's argsrepr (tool, call id, thread id), never its arguments.
+* **twin workers**: two processes started with one node name share its registry entry
+  (and its control queue: only one of them answers), so each also notes its ``host:pid``
+  in the name's ``worker-processes`` set; more than one member refreshed within the
+  entry's lifetime is a warning. (A worker that crashed and was restarted at once looks
+  like a twin for up to three refresh intervals.)
+* **tool placement**: the record each orchestrator process published at its agent's
+  first model call (host, pid, time). A record of a process on this host is shown only
+  while that pid is alive; one of another host, which this one cannot check, is a line
+  saying when it was published (``--json`` has every live record in full).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -40,7 +51,13 @@ from rich.table import Table
 from orchestrator.dispatch.registry import read_entries
 from tool_workers.app import create_app
 from tool_workers.connections import redis_client
-from tool_workers.protocol import WorkerEntry, placement_pattern, tool_from_task
+from tool_workers.protocol import (
+    WorkerEntry,
+    placement_pattern,
+    tool_from_task,
+    worker_processes_key,
+)
+from tool_workers.registry import TTL_REFRESHES
 from tool_workers.settings import Settings
 
 
@@ -92,6 +109,8 @@ class FleetStatus:
     """Registered workers that did not answer ``inspect active`` in time."""
     placement: list[dict[str, Any]] = field(default_factory=list)
     """Where the tools of the agents of live orchestrator processes run (one per process)."""
+    duplicates: list[str] = field(default_factory=list)
+    """Node names more than one worker process answered as."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form (``toolfleet status --json``)."""
@@ -113,7 +132,8 @@ def collect(settings: Settings, *, app: Celery | None = None, timeout: float = 2
     try:
         entries = read_entries(client, settings.key_prefix)
         queues = _queues(client, settings, entries)
-        placement = _placement(client, settings)
+        placement = live_placement(_placement(client, settings))
+        duplicates = _twins(client, settings, [e.worker for e in entries])
     finally:
         client.close()
     active, unresponsive = _active(app, [e.worker for e in entries], timeout)
@@ -140,7 +160,37 @@ def collect(settings: Settings, *, app: Celery | None = None, timeout: float = 2
         for worker, tasks in sorted(active.items())
         for task in tasks
     ]
-    return FleetStatus(settings.namespace, workers, queues, in_flight, unresponsive, placement)
+    return FleetStatus(
+        settings.namespace, workers, queues, in_flight, unresponsive, placement, duplicates
+    )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def live_placement(
+    records: list[dict[str, Any]], *, host: str | None = None
+) -> list[dict[str, Any]]:
+    """The placement records not known dead: on this host, those whose pid is alive.
+
+    Orchestrator processes publish once and may exit at any time; their records outlive
+    them for a day. Another host's processes cannot be checked from here: kept.
+    """
+    host = host or socket.gethostname()
+    live = []
+    for record in records:
+        pid = record.get("pid")
+        if record.get("host") == host and not (isinstance(pid, int) and _pid_alive(pid)):
+            continue
+        live.append(record)
+    return live
 
 
 def _placement(client: redis.Redis, settings: Settings) -> list[dict[str, Any]]:
@@ -167,6 +217,18 @@ def _active(
     inspect = app.control.inspect(destination=workers, timeout=timeout, limit=len(workers))
     replies = inspect.active(safe=True) or {}
     return dict(replies), sorted(set(workers) - replies.keys())
+
+
+def _twins(client: redis.Redis, settings: Settings, workers: list[str]) -> list[str]:
+    """Node names more than one live process refreshes (see the module docstring)."""
+    if not workers:
+        return []
+    since = time.time() - settings.registry_refresh * TTL_REFRESHES
+    with client.pipeline(transaction=False) as pipe:
+        for name in workers:
+            pipe.zcount(worker_processes_key(settings.key_prefix, name), since, "+inf")
+        counts = pipe.execute()
+    return sorted(name for name, count in zip(workers, counts, strict=True) if count > 1)
 
 
 def _queues(
@@ -223,7 +285,12 @@ def render(status: FleetStatus, console: Console) -> None:
     for column in ("queue", "depth", "workers", "tools served"):
         queues.add_column(column, overflow="fold")
     for q in status.queues:
-        served = ", ".join(q.tools) if q.tools else "[red]none: calls here wait[/]"
+        if q.tools:
+            served = ", ".join(q.tools)
+        elif q.workers:  # consumed, but the routing sends nothing here
+            served = "[dim]no tools routed here[/]"
+        else:
+            served = "[red]none: calls here wait[/]"
         queues.add_row(q.name, str(q.depth), str(q.workers), served)
     console.print(queues)
 
@@ -236,7 +303,21 @@ def render(status: FleetStatus, console: Console) -> None:
     console.print(calls)
     if status.unresponsive:
         console.print(f"[yellow]did not answer inspect active:[/] {', '.join(status.unresponsive)}")
+    for name in status.duplicates:
+        console.print(
+            f"[red]more than one worker process runs as {name}[/]: they share one registry "
+            "entry and hide each other; give each its own node name (-n)"
+        )
+    here = socket.gethostname()
     for record in status.placement:
+        if record.get("host") != here:
+            at = record.get("at")
+            ago = f"{max(time.time() - at, 0):.0f}s ago" if isinstance(at, (int, float)) else "?"
+            console.print(
+                f"orchestrator {record.get('host')}:{record.get('pid')} published its tool "
+                f"placement {ago} (--json for it)"
+            )
+            continue
         title = f"Tool placement of orchestrator {record.get('host')}:{record.get('pid')}"
         table = Table(title=title, title_justify="left")
         for column in ("tool", "runs", "why"):

@@ -6,7 +6,14 @@ import json
 
 from rich.console import Console
 
-from orchestrator.cli.status import FleetStatus, InFlightCall, QueueStatus, WorkerStatus, render
+from orchestrator.cli.status import (
+    FleetStatus,
+    InFlightCall,
+    QueueStatus,
+    WorkerStatus,
+    live_placement,
+    render,
+)
 
 STATUS = FleetStatus(
     namespace="",
@@ -42,3 +49,60 @@ def test_json_form_counts_in_flight_calls() -> None:
     assert data["in_flight_count"] == 1
     assert data["queues"][0] == {"name": "sandbox", "depth": 3, "workers": 0, "tools": []}
     assert data["workers"][1]["active"] is None
+
+
+def _text(status: FleetStatus) -> str:
+    console = Console(record=True, width=200)
+    render(status, console)
+    return console.export_text()
+
+
+def test_a_consumed_queue_no_tool_is_routed_to_says_so() -> None:
+    """A queue a worker consumes with no tool routed there holds no waiting calls."""
+    status = FleetStatus("", [], [QueueStatus("prefork", 0, 1, [])], [])
+
+    text = _text(status)
+
+    assert "no tools routed here" in text
+    assert "calls here wait" not in text
+
+
+def test_two_workers_of_one_node_name_are_warned_about() -> None:
+    status = FleetStatus("", [STATUS.workers[0]], [], [], duplicates=["tool-worker@a"])
+
+    assert "more than one worker process runs as tool-worker@a" in _text(status)
+
+
+def _record(host: str, pid: int) -> dict[str, object]:
+    return {"host": host, "pid": pid, "at": 0.0, "tools": {"grep": {"placement": "remote"}}}
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_placement_of_exited_processes_on_this_host_is_dropped() -> None:
+    """A record of a pid on this host that no longer runs is not shown; a live one and
+    another host's (which cannot be checked from here) are."""
+    import os
+
+    dead, live, remote = _record("h", _dead_pid()), _record("h", os.getpid()), _record("o", 1)
+
+    assert live_placement([dead, live, remote], host="h") == [live, remote]
+
+
+def test_placement_of_another_host_is_one_line_not_a_table() -> None:
+    import socket
+
+    here = _record(socket.gethostname(), 1)
+    status = FleetStatus("", [], [], [], placement=[here, _record("elsewhere", 42)])
+
+    text = _text(status)
+
+    assert text.count("Tool placement") == 1
+    assert "orchestrator elsewhere:42 published its tool placement" in text
