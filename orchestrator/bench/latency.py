@@ -17,7 +17,8 @@ and three floors, through the same broker and the same workers:
   worker-side task toolfleet runs, without toolfleet's orchestrator side.
 * ``redis_rtt``: a child process answering BLPOP with LPUSH; the two-process floor.
 
-toolfleet's added latency per call is ``toolfleet_<mode> - local_<mode>`` (medians).
+toolfleet's added latency per call is ``toolfleet_<mode> - local_<mode>`` per round (the
+two run back to back), summarised: its median and p99.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from orchestrator.bench.agents import (
     local_agent,
     one_turn_model,
 )
-from orchestrator.bench.measure import summarise
+from orchestrator.bench.measure import added_latency, summarise
 from orchestrator.dispatch.celery import CeleryDispatcher
 from tool_workers.protocol import ToolRequest
 
@@ -157,14 +158,12 @@ def run_latency(
         pingpong.close()
         runner.close()
     modes = {mode: summarise(values) for mode, values in samples.items()}
-    added = {
-        mode: modes[f"toolfleet_{mode}"]["median"] - modes[f"local_{mode}"]["median"]
+    added_by_mode = {
+        mode: added_latency(samples[f"toolfleet_{mode}"], samples[f"local_{mode}"])
         for mode in ("sync", "async")
     }
-    added_p99 = {
-        mode: modes[f"toolfleet_{mode}"]["p99"] - modes[f"local_{mode}"]["p99"]
-        for mode in ("sync", "async")
-    }
+    added = {mode: stats["median"] for mode, stats in added_by_mode.items()}
+    added_p99 = {mode: stats["p99"] for mode, stats in added_by_mode.items()}
     floors = {name: modes[f"celery_{name}"]["median"] for name in ("noop", "echo")}
     ratios = {
         mode: {name: added[mode] / floor if floor else 0.0 for name, floor in floors.items()}

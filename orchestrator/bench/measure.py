@@ -38,6 +38,16 @@ def summarise(samples: Sequence[float]) -> dict[str, float]:
     }
 
 
+def added_latency(with_it: Sequence[float], without: Sequence[float]) -> dict[str, float]:
+    """:func:`summarise` of what one thing adds per call, from samples taken in pairs.
+
+    ``with_it[i]`` and ``without[i]`` are one round of interleaved runs; the summary is of
+    the per-round differences. (The difference of two p99s is no p99 of anything: with a
+    heavier tail on the ``without`` side it fell below the difference of the medians.)
+    """
+    return summarise([a - b for a, b in zip(with_it, without, strict=True)])
+
+
 def rss_bytes() -> int:
     """Resident set size of this process, from ``/proc/self/statm`` (0 where absent)."""
     try:
