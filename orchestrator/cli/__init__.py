@@ -60,25 +60,29 @@ def run(
         float, typer.Option(help="Seconds to wait for workers to publish their tools.")
     ] = 30.0,
     thread: Annotated[str | None, typer.Option(help="Thread id of the conversation.")] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also log a line per call on stderr.")
+    ] = False,
 ) -> None:
     """Run one agent turn against the fleet the TOOLFLEET_* settings point at."""
-    from rich.console import Console
-
     from orchestrator.cli.demo import run_agent
     from orchestrator.cli.errors import setup_errors
+    from orchestrator.cli.progress import cli_console
     from orchestrator.dispatch.fleet import close_all
     from tool_workers.logs import configure_logging
     from tool_workers.settings import Settings
 
     settings = Settings()
-    configure_logging(settings)  # a line per finished call; JSON with TOOLFLEET_LOG_JSON=1
+    # The formatted lines already show each call; the log's line per call (JSON with
+    # TOOLFLEET_LOG_JSON=1) only with --verbose. Warnings always.
+    configure_logging(settings if verbose else settings.model_copy(update={"log_level": "WARNING"}))
     try:
         with setup_errors(settings.broker_url):
             run_agent(
                 settings,
                 model or settings.model,
                 prompt,
-                console=Console(),
+                console=cli_console(),
                 wait_for_workers=wait,
                 thread_id=thread,
             )
@@ -94,16 +98,15 @@ def status(
     ] = 2.0,
 ) -> None:
     """Workers online, queue depths, tools per queue and in-flight calls of the fleet."""
-    from rich.console import Console
-
     from orchestrator.cli.errors import setup_errors
+    from orchestrator.cli.progress import cli_console
     from orchestrator.cli.status import run_status
     from tool_workers.settings import Settings
 
     logging.basicConfig(level=logging.WARNING)
     settings = Settings()
     with setup_errors(settings.broker_url):
-        code = run_status(settings, as_json=as_json, timeout=timeout, console=Console())
+        code = run_status(settings, as_json=as_json, timeout=timeout, console=cli_console())
     raise typer.Exit(code)
 
 

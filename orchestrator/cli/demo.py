@@ -30,8 +30,10 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from rich.console import Console
+from rich.live import Live
 
 from orchestrator.agent import chat_model
+from orchestrator.cli.progress import InFlight, cli_console
 from orchestrator.dispatch.fleet import close_all, dispatcher_for
 from orchestrator.local import EmbeddedRedis, WorkerProcess
 from orchestrator.middleware import CeleryToolMiddleware
@@ -66,7 +68,7 @@ def run_demo(
     Returns:
         The final agent state.
     """
-    console = console or Console()
+    console = console or cli_console()
     with tempfile.TemporaryDirectory(prefix="toolfleet-demo-") as tmp:
         root = Path(tmp)
         workspace = root / "workspace"
@@ -212,15 +214,28 @@ def run_agent(
         Iterator[tuple[str, Any]],
         agent.stream(inputs, config, stream_mode=["updates", "values"]),
     )
-    for mode, chunk in parts:
-        if mode == "values":
-            state = chunk
-            continue
-        for update in chunk.values():
-            for message in (update or {}).get("messages", []):
-                _show(message, console)
+    in_flight = InFlight()
+    # Transient: on a terminal, the calls still running and for how long, redrawn under
+    # the finished lines; on a pipe nothing (the finished lines say it all).
+    with Live(in_flight, console=console, transient=True, refresh_per_second=4):
+        for mode, chunk in parts:
+            if mode == "values":
+                state = chunk
+                continue
+            for update in chunk.values():
+                for message in (update or {}).get("messages", []):
+                    _show(message, console)
+                    _track(message, in_flight)
     console.print(f"\nrun took {time.perf_counter() - t0:.2f} s")
     return state
+
+
+def _track(message: BaseMessage, in_flight: InFlight) -> None:
+    if isinstance(message, AIMessage):
+        for call in message.tool_calls:
+            in_flight.start(call["id"] or call["name"], call["name"])
+    elif isinstance(message, ToolMessage):
+        in_flight.finish(message.tool_call_id)
 
 
 def _show(message: BaseMessage, console: Console) -> None:
