@@ -316,6 +316,11 @@ def worker_registry_key(key_prefix: str, worker: str) -> str:
     return f"{key_prefix}workers:{worker}"
 
 
+REGISTRY_TTL_REFRESHES = 3
+"""A worker's registry entry (and its note in ``worker-processes``) outlives this many
+refresh intervals without a refresh."""
+
+
 def worker_processes_key(key_prefix: str, worker: str) -> str:
     """Redis sorted set of the processes (``host:pid``) refreshing one node name's entry,
     scored by their last refresh: more than one fresh member is two workers of one name."""

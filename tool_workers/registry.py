@@ -23,6 +23,7 @@ from collections.abc import Iterable
 import redis
 
 from tool_workers.protocol import (
+    REGISTRY_TTL_REFRESHES,
     ToolSpec,
     WorkerEntry,
     worker_processes_key,
@@ -31,7 +32,7 @@ from tool_workers.protocol import (
 
 log = logging.getLogger("toolfleet.registry")
 
-TTL_REFRESHES = 3
+TTL_REFRESHES = REGISTRY_TTL_REFRESHES
 """A worker entry outlives this many refresh intervals without a refresh."""
 
 

@@ -52,12 +52,12 @@ from orchestrator.dispatch.registry import read_entries
 from tool_workers.app import create_app
 from tool_workers.connections import redis_client
 from tool_workers.protocol import (
+    REGISTRY_TTL_REFRESHES,
     WorkerEntry,
     placement_pattern,
     tool_from_task,
     worker_processes_key,
 )
-from tool_workers.registry import TTL_REFRESHES
 from tool_workers.settings import Settings
 
 
@@ -223,7 +223,7 @@ def _twins(client: redis.Redis, settings: Settings, workers: list[str]) -> list[
     """Node names more than one live process refreshes (see the module docstring)."""
     if not workers:
         return []
-    since = time.time() - settings.registry_refresh * TTL_REFRESHES
+    since = time.time() - settings.registry_refresh * REGISTRY_TTL_REFRESHES
     with client.pipeline(transaction=False) as pipe:
         for name in workers:
             pipe.zcount(worker_processes_key(settings.key_prefix, name), since, "+inf")
