@@ -41,6 +41,7 @@ from orchestrator.bench.report import (
     write_json,
     write_plot,
 )
+from orchestrator.cli.progress import cli_console, elapsed
 
 SCENARIOS = {"a": "latency", "b": "fanout", "c": "throughput", "d": "memory", "e": "scale"}
 """Scenario ids of the issue and their names (``--only`` takes either)."""
@@ -126,7 +127,7 @@ def run_bench(
     console: Console | None = None,
 ) -> dict[str, Any]:
     """Run the scenarios against a fleet this call starts and stops; return the report."""
-    console = console or Console()
+    console = console or cli_console()
     wanted = list(scenarios)
     report: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
@@ -203,7 +204,8 @@ def run_bench(
             t0 = time.perf_counter()
             console.print(f"scenario {name} ...")
             try:
-                result = bounded(jobs[name], plan.bound, name)
+                with elapsed(console, f"scenario {name} running"):
+                    result = bounded(jobs[name], plan.bound, name)
             except Exception as exc:
                 result = {"error": f"{type(exc).__name__}: {exc}"}
             result["elapsed"] = time.perf_counter() - t0
@@ -229,7 +231,7 @@ def main(
 
     Targets that are missed do not fail the command: a benchmark reports, it does not test.
     """
-    console = console or Console()
+    console = console or cli_console()
     scenarios = select(only)
     if plot_path is not None:
         require_matplotlib()

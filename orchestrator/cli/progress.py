@@ -3,18 +3,22 @@
 * :class:`InFlight`: the calls an agent step has asked for and whose results are not in
   yet, each with the time it has been running, for a rich ``Live`` display (redrawn a few
   times a second on a terminal; nothing on a pipe, where the finished lines suffice).
+* :func:`elapsed`: a live line with the time a long step has taken so far.
 * :func:`cli_console`: a console that is as wide as the terminal, and on a pipe wide
   enough that tables are not cut to rich's default 80 columns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import IO
 
 from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 # Columns of output that is not a terminal (and names no COLUMNS): a table row of a
@@ -60,3 +64,22 @@ class InFlight:
 
     def __rich__(self) -> Text:
         return self.render()
+
+
+@contextlib.contextmanager
+def elapsed(console: Console, what: str) -> Iterator[None]:
+    """While the block runs, a live line ``what`` with a spinner and the time elapsed.
+
+    For steps that take a minute and print nothing meanwhile (a benchmark scenario); it
+    goes away when the block ends (on a pipe it never shows).
+    """
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+    with progress:
+        progress.add_task(what, total=None)
+        yield

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
+from rich.console import Console
 
-from orchestrator.cli.progress import PIPE_WIDTH, InFlight, cli_console
+from orchestrator.cli.progress import PIPE_WIDTH, InFlight, cli_console, elapsed
 
 
 def test_in_flight_calls_show_with_their_elapsed_time() -> None:
@@ -37,3 +39,15 @@ def test_a_pipe_gets_wide_tables_not_80_columns(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("COLUMNS", raising=False)
 
     assert cli_console(io.StringIO()).width == PIPE_WIDTH
+
+
+def test_a_long_step_shows_its_elapsed_time_on_a_terminal() -> None:
+    """A benchmark scenario is not a minute of silence: a live line names it and counts."""
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100)
+
+    with elapsed(console, "scenario fanout running"):
+        time.sleep(0.6)
+
+    assert "scenario fanout running" in out.getvalue()
+    assert "0:00:0" in out.getvalue()
