@@ -17,6 +17,8 @@ from kombu.exceptions import OperationalError
 from tool_workers.connections import mask_secrets
 from tool_workers.errors import ToolfleetError
 
+_BROKER_ERRORS = (redis.RedisError, OperationalError, ConnectionError)
+
 # Exit code of a command that could not do its work because of its setup.
 SETUP_ERROR = 2
 
@@ -37,7 +39,9 @@ def setup_errors(broker_url: str) -> Iterator[None]:
     try:
         yield
     except ToolfleetError as exc:
+        if isinstance(exc.__cause__, _BROKER_ERRORS):  # e.g. the registry could not be read
+            raise fail(f"{exc} (broker {broker_url})") from None
         raise fail(str(exc)) from None
-    except (redis.RedisError, OperationalError, ConnectionError) as exc:
+    except _BROKER_ERRORS as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise fail(f"cannot reach the broker at {broker_url}: {reason}") from None
