@@ -13,6 +13,7 @@ from pathlib import Path
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
 from orchestrator.scripted import ScriptedChatModel, tool_calls_message
+from tool_workers.errors import ConfigError
 
 DEFAULT_PROMPT = (
     "Survey the project in the workspace: what files it has, what is left TODO, what the "
@@ -91,8 +92,21 @@ def _summarise(results: list[ToolMessage]) -> str:
     return "\n".join(lines)
 
 
-def seed_workspace(root: Path) -> None:
-    """Write the sample project the demo agent surveys."""
+def seed_workspace(root: Path, *, overwrite: bool = True) -> None:
+    """Write the sample project the demo agent surveys.
+
+    Args:
+        root: The workspace directory (created if missing).
+        overwrite: Replace files of the same names; if ``False``, refuse instead.
+
+    Raises:
+        ConfigError: ``overwrite`` is off and a file of the sample is already there
+            (nothing is written then).
+    """
+    if not overwrite:
+        taken = sorted(rel for rel in SAMPLE_PROJECT if (root / rel).exists())
+        if taken:
+            raise ConfigError(f"{root / taken[0]} already exists; choose an empty directory")
     for relative, text in SAMPLE_PROJECT.items():
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -199,6 +199,23 @@ def serve(
 
 
 @app.command()
+def sample(
+    directory: Annotated[Path, typer.Argument(help="Where to write the sample project.")],
+) -> None:
+    """Write the demo's sample project: point TOOLFLEET_WORKSPACE_ROOT at it to get the
+    README's sample output from your own workers."""
+    from orchestrator.cli.errors import fail
+    from orchestrator.sample import seed_workspace
+    from tool_workers.errors import ConfigError
+
+    try:
+        seed_workspace(directory, overwrite=False)
+    except (ConfigError, OSError) as exc:
+        raise fail(str(exc)) from None
+    typer.echo(f"wrote the sample project to {directory}")
+
+
+@app.command()
 def version() -> None:
     """Print toolfleet's version."""
     from importlib.metadata import version as dist_version
