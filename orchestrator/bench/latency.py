@@ -108,7 +108,9 @@ def celery_round_trip(dispatcher: CeleryDispatcher, task: str) -> float:
             tool="echo", call_id="bench", args={"text": "hi"}, idempotency_key=uuid.uuid4().hex
         )
         result = app.send_task("tools.echo", args=(request.model_dump(mode="json"),))
-    result.get(timeout=30)
+    # Workers refuse Celery's own tasks and store a failure for them: the no-op's round
+    # trip (publish, fetch, store, notify) is the same either way, so it is not raised.
+    result.get(timeout=30, propagate=False)
     return time.perf_counter() - t0
 
 
