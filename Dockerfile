@@ -22,8 +22,10 @@ COPY config ./config
 # working on toolfleet.
 RUN pip install '.[ops,postgres,server,metrics,otel]'
 
-# Not root: tools and model-written code run as this user. /workspace (the built-in file
-# tools) and /data (Flower's state, the checkpointer) are volumes owned by it.
+# Not root: tools run as this user. (The compose sandbox-worker alone runs as root with
+# four capabilities, so that model-written code runs as nobody, apart from every process
+# holding the broker password.) /workspace (the built-in file tools) and /data (Flower's
+# state, the checkpointer) are volumes owned by it.
 RUN useradd --create-home --uid 10001 --user-group toolfleet \
     && mkdir -p /workspace /data \
     && chown toolfleet:toolfleet /workspace /data

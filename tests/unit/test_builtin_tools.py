@@ -20,9 +20,11 @@ from langchain_core.messages import ToolMessage
 from langchain_core.tools import BaseTool
 from pydantic import ValidationError
 
+from tests.support.sandbox import sandbox_python
 from tool_workers.builtin import get_tools
 from tool_workers.builtin.sandbox import sandbox_tools
 from tool_workers.builtin.workspace import workspace_tools
+from tool_workers.errors import ConfigError
 from tool_workers.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +47,8 @@ def root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def tools(root: Path) -> dict[str, BaseTool]:
-    return {tool.name: tool for tool in get_tools(Settings(workspace_root=root))}
+    settings = Settings(workspace_root=root, sandbox_python=sandbox_python())
+    return {tool.name: tool for tool in get_tools(settings)}
 
 
 @pytest.fixture
@@ -410,55 +413,57 @@ def test_given_worker_env_and_cwd_when_run_then_secrets_hidden_and_cwd_empty(
     assert "None []" in call(tools["run_python"], code=code)
 
 
+def _printed_pid(out: str) -> int:
+    return int(out.split("--- stdout ---\n")[1].split()[1])
+
+
 def test_given_endless_code_when_timeout_passes_then_group_killed_and_reported(
-    tools: dict[str, BaseTool], tmp_path: Path
+    tools: dict[str, BaseTool],
 ) -> None:
-    pid_file = tmp_path / "child.pid"
     code = (
         "import subprocess, sys, time\n"
         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
-        "print('started', flush=True)\n"
+        "print('started', p.pid, flush=True)\n"
         "time.sleep(60)\n"
     )
     t0 = time.monotonic()
     out = call(tools["run_python"], code=code, timeout=1.0)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 10
     assert out.startswith("timed out after 1 s")
     assert "killed by SIGKILL" in out and "started" in out
-    assert _wait_dead(int(pid_file.read_text()))
+    assert _wait_dead(_printed_pid(out))
 
 
 def test_given_background_child_when_code_exits_then_child_killed(
-    tools: dict[str, BaseTool], tmp_path: Path
+    tools: dict[str, BaseTool],
 ) -> None:
-    pid_file = tmp_path / "child.pid"
     code = (
         "import subprocess, sys\n"
         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "print('started', p.pid)\n"
     )
     t0 = time.monotonic()
-    assert call(tools["run_python"], code=code).startswith("exit code: 0")
-    assert time.monotonic() - t0 < 5
-    assert _wait_dead(int(pid_file.read_text()))
+    out = call(tools["run_python"], code=code)
+    assert out.startswith("exit code: 0")
+    assert time.monotonic() - t0 < 10
+    assert _wait_dead(_printed_pid(out))
 
 
 def test_given_timeout_over_max_when_run_then_capped() -> None:
-    (tool,) = sandbox_tools(max_timeout=0.3)
+    (tool,) = sandbox_tools(max_timeout=0.3, python=sandbox_python())
     out = call(tool, code="import time; time.sleep(30)", timeout=30)
     assert out.startswith("timed out after 0.3 s (capped from 30 s)")
 
 
 def test_given_memory_limit_when_code_allocates_more_then_memory_error() -> None:
-    (tool,) = sandbox_tools(memory_limit_bytes=256 * 2**20)
+    (tool,) = sandbox_tools(memory_limit_bytes=256 * 2**20, python=sandbox_python())
     out = call(tool, code="b = bytearray(1024 * 2**20)")
     assert out.startswith("exit code: 1\n")
     assert "MemoryError" in out
 
 
 def test_given_output_limit_when_code_prints_more_then_output_capped() -> None:
-    (tool,) = sandbox_tools(output_limit=100)
+    (tool,) = sandbox_tools(output_limit=100, python=sandbox_python())
     out = call(tool, code="print('x' * 1000)")
     assert "x" * 100 + "\n[truncated: 1001 bytes written, first 100 shown]" in out
     assert "x" * 101 not in out
@@ -485,3 +490,17 @@ def test_given_out_of_bounds_seconds_when_sleeping_then_invalid_args(
 
 def test_given_text_when_echoed_then_returned_unchanged(tools: dict[str, BaseTool]) -> None:
     assert call(tools["echo"], text="héllo\nworld") == "héllo\nworld"
+
+
+def test_given_root_worker_and_unknown_sandbox_user_when_tools_built_then_config_error(
+    root: Path,
+) -> None:
+    assert os.geteuid() == 0  # the tests run as root, like CI
+    with pytest.raises(ConfigError, match="TOOLFLEET_SANDBOX_USER: no user 'no-such-user-tf'"):
+        get_tools(Settings(workspace_root=root, sandbox_user="no-such-user-tf"))
+
+
+def test_given_numeric_sandbox_user_when_run_then_snippet_runs_as_that_uid() -> None:
+    (tool,) = sandbox_tools(user="65534", python=sandbox_python())
+    out = call(tool, code="import os; print(os.getuid(), os.getgid(), os.getgroups())")
+    assert "65534 65534 []" in out

@@ -7,7 +7,7 @@ read_file      numbered lines of a text file in the workspace, paged by offset/l
 list_dir       entries of a workspace directory with type and size
 grep           regex search over the workspace's text files (``path:line: text``)
 write_file     create or atomically replace a workspace file
-run_python     run a snippet in a fresh, time- and memory-limited subprocess
+run_python     run a snippet in a supervised, time-, memory- and process-limited tree
 sleep          sleep a given time (benchmarks)
 echo           return the text it is given (latency benchmarks)
 =============  =======================================================================
@@ -43,13 +43,19 @@ def get_tools(settings: Settings) -> list[BaseTool]:
 
     Raises:
         OSError: the workspace root cannot be created.
-        ConfigError: the policy file is invalid.
+        ConfigError: the policy file is invalid, or the worker runs as root and
+            ``sandbox_user`` does not exist.
     """
     root = settings.workspace_root.expanduser()
     root.mkdir(parents=True, exist_ok=True)
     max_read_bytes = settings.policies().for_tool("read_file").max_read_bytes
     return [
         *workspace_tools(root.resolve(strict=True), max_read_bytes=max_read_bytes),
-        *sandbox_tools(),
+        *sandbox_tools(
+            memory_limit_bytes=settings.sandbox_memory_limit,
+            max_processes=settings.sandbox_max_processes,
+            user=settings.sandbox_user,
+            python=settings.sandbox_python,
+        ),
         *diagnostic_tools(),
     ]
