@@ -10,6 +10,7 @@ from typing import Any
 
 from celery import Celery
 
+from tool_workers.amqp import AMQP_CLASS, amqp_config
 from tool_workers.connections import celery_tls_config, keepalive_options
 from tool_workers.protocol import task_name
 from tool_workers.settings import Settings, ToolPolicies
@@ -38,25 +39,11 @@ def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
     """The Celery configuration toolfleet runs with."""
     timeout = settings.socket_timeout
     keepalive = keepalive_options(settings)
-    transport: dict[str, Any] = {
-        "visibility_timeout": visibility_timeout(policies, settings.redelivery_margin),
-        # A dead worker's calls come back within visibility_timeout + this interval.
-        "unacked_restore_interval": RESTORE_INTERVAL,
-        "unacked_restore_throttle": 1,
-        # A cut link must not freeze the worker's main process: without a socket timeout
-        # a command on a dead connection (an ack, the unacked-restore scan) blocks it, and
-        # with it the timers that fire time limits, until TCP gives up minutes later. The
-        # BRPOP and pub/sub connections (read by the event loop, where no socket timeout
-        # applies) are dropped by kombu's health check and TCP_USER_TIMEOUT.
-        "socket_timeout": timeout,
-        "socket_connect_timeout": timeout,
-        "socket_keepalive": True,
-        "socket_keepalive_options": keepalive,
-        "health_check_interval": max(1, round(timeout / 2)),
-        # Not replayed on a timeout: a publish whose reply was lost may be queued already,
-        # and a second copy would run the call twice.
-        "retry_on_timeout": False,
-    }
+    if settings.broker_is_amqp:
+        hold = visibility_timeout(policies, settings.redelivery_margin)
+        broker = amqp_config(settings, hold)
+    else:
+        broker = {"broker_transport_options": _redis_transport(settings, policies)}
     backend_transport: dict[str, Any] = {
         # A store is retried every second while the link is down, up to the visibility
         # timeout (past it the call is redelivered anyway): a call that finished during a
@@ -68,14 +55,13 @@ def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
         "socket_keepalive_options": keepalive,
     }
     if settings.namespace:
-        transport["global_keyprefix"] = f"{settings.namespace}:"
         backend_transport["global_keyprefix"] = f"{settings.namespace}:"
     routes = {task_name(name): {"queue": policies.for_tool(name).queue} for name in policies.tools}
     return {
         "broker_url": settings.broker_url,
         # Celery's Redis backend with atomic stores and reply-channel publishing.
         "result_backend": f"{BACKEND_CLASS}+{settings.backend_url}",
-        "broker_transport_options": transport,
+        **broker,
         "result_backend_transport_options": backend_transport,
         "broker_connection_retry_on_startup": True,
         "redis_backend_health_check_interval": max(1, round(timeout / 2)),
@@ -113,6 +99,34 @@ def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
     }
 
 
+def _redis_transport(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
+    """kombu's Redis transport options: visibility timeout, restore scans, socket timeouts."""
+    timeout = settings.socket_timeout
+    keepalive = keepalive_options(settings)
+    transport: dict[str, Any] = {
+        "visibility_timeout": visibility_timeout(policies, settings.redelivery_margin),
+        # A dead worker's calls come back within visibility_timeout + this interval.
+        "unacked_restore_interval": RESTORE_INTERVAL,
+        "unacked_restore_throttle": 1,
+        # A cut link must not freeze the worker's main process: without a socket timeout
+        # a command on a dead connection (an ack, the unacked-restore scan) blocks it, and
+        # with it the timers that fire time limits, until TCP gives up minutes later. The
+        # BRPOP and pub/sub connections (read by the event loop, where no socket timeout
+        # applies) are dropped by kombu's health check and TCP_USER_TIMEOUT.
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "socket_keepalive": True,
+        "socket_keepalive_options": keepalive,
+        "health_check_interval": max(1, round(timeout / 2)),
+        # Not replayed on a timeout: a publish whose reply was lost may be queued already,
+        # and a second copy would run the call twice.
+        "retry_on_timeout": False,
+    }
+    if settings.namespace:
+        transport["global_keyprefix"] = f"{settings.namespace}:"
+    return transport
+
+
 def create_app(
     settings: Settings, policies: ToolPolicies | None = None, main: str = "toolfleet"
 ) -> Celery:
@@ -128,7 +142,9 @@ def create_app(
     """
     policies = policies if policies is not None else settings.policies()
     install_transport()
-    app = Celery(main, set_as_current=False)
+    # RabbitMQ has no key prefix: its queue table names the namespace's queues itself.
+    amqp = AMQP_CLASS if settings.broker_is_amqp else None
+    app = Celery(main, set_as_current=False, amqp=amqp)
     app.conf.update(celery_config(settings, policies))
     return app
 

@@ -19,10 +19,13 @@ from celery.concurrency.prefork import TaskPool as PreforkPool
 from pydantic import ValidationError
 
 from tool_workers import metrics, tracing
-from tool_workers.app import create_app
+from tool_workers.amqp import plain_queue_name
+from tool_workers.app import create_app, visibility_timeout
+from tool_workers.builtin.supervisor import make_undumpable
 from tool_workers.connections import redis_client
 from tool_workers.errors import ConfigError, ToolfleetError
 from tool_workers.event_loop import LimitWatchdog, spare_storing_calls
+from tool_workers.lease import Lease, start_lease, stop_stale_calls
 from tool_workers.loader import load_tools
 from tool_workers.logs import install_formatters, settings_fields
 from tool_workers.placeholders import refuse_placeholders
@@ -55,11 +58,16 @@ def _start() -> tuple[Settings, Celery, dict[str, ToolSpec]]:
     return settings, app, specs
 
 
+# Before anything else of the worker runs: a process of the worker's user (a run_python
+# snippet) cannot read this process's environment (the broker URL and its password) or
+# memory through /proc, nor ptrace it. Forked pool processes inherit the mark.
+make_undumpable()
 settings, app, specs = _start()
 share_phases()  # before the pool forks: its processes inherit the table
 
 _publisher: RegistryPublisher | None = None
 _watchdog: LimitWatchdog | None = None
+_lease: Lease | None = None
 
 
 @signals.worker_init.connect  # type: ignore[untyped-decorator]  # celery is unannotated
@@ -73,6 +81,17 @@ def _start_metrics(**_: Any) -> None:
         raise SystemExit(f"toolfleet worker: {exc}") from exc
     # Also before the pool starts: an OpenTelemetry span per call (opentelemetry-api).
     tracing.start()
+    # Before the consumer takes its first call: every delivery is held under the lease.
+    global _lease
+    _lease = start_lease(
+        settings, visibility_timeout(settings.policies(), settings.redelivery_margin)
+    )
+
+
+@signals.worker_process_init.connect  # type: ignore[untyped-decorator]  # celery is unannotated
+def _harden_pool_process(**_: Any) -> None:
+    # Inherited across fork already; again in case the pool was started another way.
+    make_undumpable()
 
 
 @signals.worker_ready.connect  # type: ignore[untyped-decorator]  # celery is unannotated
@@ -82,9 +101,15 @@ def _publish_registry(sender: Any = None, **_: Any) -> None:
         # Time limits on time even while a network cut holds up the event loop.
         spare_storing_calls(sender.pool)
         _watchdog = LimitWatchdog(sender.pool).start()
-    queues = list(sender.app.amqp.queues.consume_from)
+    if _lease is not None:
+        # Executions of calls handed on (and started) elsewhere while this worker was
+        # unreachable are stopped from the consumer loop, where the pool is safe to use.
+        sender.timer.call_repeatedly(
+            settings.lease_refresh, stop_stale_calls, (_lease, sender.pool)
+        )
+    queues = [plain_queue_name(sender.app, name) for name in sender.app.amqp.queues.consume_from]
     entry = build_entry(sender.hostname, queues, specs.values())
-    client = redis_client(settings.broker_url, settings)
+    client = redis_client(settings.own_redis_url, settings)
     _publisher = RegistryPublisher(client, settings.key_prefix, entry, settings.registry_refresh)
     _publisher.start()
     log.info(
@@ -109,6 +134,8 @@ def _format_logs(logger: logging.Logger, **_: Any) -> None:
 def _unpublish_registry(**_: Any) -> None:
     if _watchdog is not None:
         _watchdog.stop()
+    if _lease is not None:
+        _lease.stop()
     if _publisher is not None:
         _publisher.stop()
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery.app.task import Context
+from celery.worker import state as worker_state
 from celery.worker.consumer import Consumer
 from vine import promise
 
@@ -46,6 +47,8 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
             if refusal is not None:
                 self._refuse(message, refusal)
                 return
+            if self._running_here(message):
+                return
             try:
                 handle(message)
             except connection_errors:
@@ -63,6 +66,27 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
                 )
 
         return on_task_received
+
+    def _running_here(self, message: Any) -> bool:
+        """Drop (acknowledge) a second delivery of a call this worker is running now.
+
+        RabbitMQ gives back every unacknowledged message of a connection that closed,
+        the calls still running on the worker included: after a broker restart or a
+        blip the worker reconnects and is handed its own running calls again. The first
+        run stores the result (its acknowledgement, on the old channel, is lost), so the
+        copy is acknowledged and not run a second time.
+        """
+        task_id = message.headers.get("id")
+        request = worker_state.requests.get(task_id)
+        if request is None or request not in worker_state.active_requests:
+            return False
+        if message.headers.get("retries") != request.request_dict.get("retries"):
+            # A Celery retry of the running attempt (same task id, the next retry number),
+            # sent just before that attempt ends: a new attempt, not a redelivery.
+            return False
+        log.warning("call %s is running on this worker already; dropped its redelivery", task_id)
+        message.ack()
+        return True
 
     class Blueprint(Consumer.Blueprint):  # type: ignore[misc]
         # Heartbeats that never stall the event loop (tool_workers.heartbeat).

@@ -44,7 +44,7 @@ def check(settings: Settings, node: str, timeout: float) -> str | None:
         app.close()
     if not any(node in reply for reply in replies or []):
         return f"{node} did not answer a ping within {timeout:g} s"
-    client = redis_client(settings.broker_url, settings)
+    client = redis_client(settings.own_redis_url, settings)
     try:
         registered = client.exists(worker_registry_key(settings.key_prefix, node))
     except redis.RedisError as exc:

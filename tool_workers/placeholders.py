@@ -48,6 +48,7 @@ _PLACEHOLDER_PREFIX = re.compile(r"^(change|replace)[-_ ]?(me|this|it)\b")
 _URL_SETTINGS = {
     "broker_url": "TOOLFLEET_BROKER_URL",
     "result_backend": "TOOLFLEET_RESULT_BACKEND",
+    "redis_url": "TOOLFLEET_REDIS_URL",
     "database_url": "TOOLFLEET_DATABASE_URL",
     "store_url": "TOOLFLEET_STORE_URL",
 }

@@ -160,9 +160,20 @@ class Settings(BaseSettings):
     )
 
     broker_url: str = "redis://127.0.0.1:6379/0"
-    """Redis URL of the Celery broker (``redis://``, ``rediss://`` for TLS)."""
+    """URL of the Celery broker: Redis (``redis://``, ``rediss://`` for TLS) or RabbitMQ
+    (``amqp://``, ``amqps://`` for TLS)."""
     result_backend: str | None = None
-    """Redis URL of the result backend; defaults to ``broker_url``."""
+    """Redis URL of the result backend; defaults to ``broker_url`` when that is Redis,
+    else to ``redis_url``."""
+    redis_url: str | None = None
+    """Redis URL of toolfleet's own records (registry, send and run markers, reply
+    channels, revocations, status, the HTTP service's records); defaults to the result
+    backend, and is the result backend when that is not set and the broker is not Redis.
+    Needed with a RabbitMQ broker unless ``result_backend`` is set; when both are set they
+    must be the same (a call's markers are written with its result, in one round trip)."""
+    amqp_queue_type: Literal["classic", "quorum"] = "classic"
+    """RabbitMQ only: the type of the task queues toolfleet declares. ``quorum`` queues
+    are replicated across a RabbitMQ cluster; they have no global QoS and no priorities."""
     tool_modules: Annotated[tuple[str, ...], NoDecode] = ()
     """Comma-separated modules whose tools the worker serves; empty: the built-in toolset."""
     config: Path | None = None
@@ -179,6 +190,17 @@ class Settings(BaseSettings):
     """Root directory of the built-in workspace tools; paths outside it are refused."""
     max_arg_bytes: int = Field(default=1_000_000, gt=0)
     """Largest JSON size of one call's arguments."""
+    sandbox_memory_limit: int = Field(default=512 * 1024 * 1024, gt=0)
+    """Bytes of resident memory all the processes of one ``run_python`` call may use
+    together (each process also gets it as its address-space limit)."""
+    sandbox_max_processes: int = Field(default=32, gt=0)
+    """Processes one ``run_python`` call may run at once."""
+    sandbox_user: str = "nobody"
+    """User (name or uid) ``run_python`` snippets run as when the worker runs as root; a
+    worker running as another user runs them as itself."""
+    sandbox_python: str | None = None
+    """Interpreter ``run_python`` snippets run with (default: the worker's own); it must
+    be executable by ``sandbox_user``."""
     max_result_bytes: int = Field(default=1_000_000, gt=0)
     """Largest size of one result: content and artifact together. Content over it is
     truncated with a note; an artifact (or a Command update) over it is refused."""
@@ -191,6 +213,12 @@ class Settings(BaseSettings):
     """Seconds a Redis connection may stay unanswered (a reply, a connect, data the server
     has not acknowledged) before it counts as lost and is reopened: a network cut is
     noticed this fast, and a healed link is used again as soon as a new connection opens."""
+    lease_ttl: float = Field(default=10.0, gt=0)
+    """Seconds a worker's lease lives after its last renewal: the calls of a worker that
+    died or became unreachable go back to the queue this long after it went silent."""
+    lease_refresh: float = Field(default=1.0, gt=0)
+    """Seconds between a worker's lease renewals (and its sweeps for lapsed leases);
+    shorter than ``lease_ttl``."""
     redis_ssl_cert_reqs: Literal["required", "optional", "none"] = "required"
     """For ``rediss://`` URLs: whether the server's certificate must verify."""
     redis_ssl_ca_certs: Path | None = None
@@ -247,6 +275,12 @@ class Settings(BaseSettings):
     """Seconds a thread's record is kept in Redis after its last change (its checkpoints
     are the checkpointer's to keep)."""
 
+    @model_validator(mode="after")
+    def _check_lease(self) -> Settings:
+        if self.lease_refresh >= self.lease_ttl:
+            raise ValueError("lease_refresh must be below lease_ttl")
+        return self
+
     @field_validator("tool_modules", "api_tokens", mode="before")
     @classmethod
     def _split_modules(cls, value: Any) -> Any:
@@ -254,10 +288,39 @@ class Settings(BaseSettings):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
+    @model_validator(mode="after")
+    def _check_redis(self) -> Settings:
+        if not self.result_backend and not self.redis_url and not is_redis_url(self.broker_url):
+            raise ValueError(
+                "no Redis URL for results and toolfleet's records: the broker is not Redis, "
+                "so set TOOLFLEET_REDIS_URL (or TOOLFLEET_RESULT_BACKEND) to a redis:// URL"
+            )
+        if self.result_backend and self.redis_url and self.result_backend != self.redis_url:
+            raise ValueError(
+                "TOOLFLEET_REDIS_URL and TOOLFLEET_RESULT_BACKEND name different servers; "
+                "set one of them (a call's markers are written with its result)"
+            )
+        return self
+
     @property
     def backend_url(self) -> str:
-        """The result backend URL (the broker's unless set)."""
-        return self.result_backend or self.broker_url
+        """The result backend URL: the broker's when it is Redis, else ``redis_url``'s."""
+        if self.result_backend:
+            return self.result_backend
+        if is_redis_url(self.broker_url) or not self.redis_url:
+            return self.broker_url
+        return self.redis_url
+
+    @property
+    def own_redis_url(self) -> str:
+        """The Redis toolfleet keeps its own records in: the result backend's (see
+        ``redis_url``); never the broker URL as such, which may be RabbitMQ's."""
+        return self.backend_url
+
+    @property
+    def broker_is_amqp(self) -> bool:
+        """Whether the broker is RabbitMQ (an ``amqp://`` or ``amqps://`` URL)."""
+        return is_amqp_url(self.broker_url)
 
     @property
     def key_prefix(self) -> str:
@@ -277,11 +340,24 @@ class Settings(BaseSettings):
         return ToolPolicies()
 
 
+def is_redis_url(url: str) -> bool:
+    """Whether ``url`` names a Redis server (``redis://``, ``rediss://``, ``unix://``)."""
+    return url.partition("://")[0].lower() in {"redis", "rediss", "unix"}
+
+
+def is_amqp_url(url: str) -> bool:
+    """Whether ``url`` names an AMQP broker (``amqp://``, ``amqps://``, ``pyamqp://``)."""
+    return url.partition("://")[0].lower() in {"amqp", "amqps", "pyamqp"}
+
+
 def settings_error(exc: ValidationError) -> str:
     """One line for settings that do not validate, naming each variable (not its value)."""
     problems = []
     for error in exc.errors(include_url=False, include_input=False):
         field = ".".join(str(part) for part in error["loc"])
         variable = f"TOOLFLEET_{field.upper()}" if field in Settings.model_fields else field
-        problems.append(f"{variable}: {error['msg']}")
+        if field:
+            problems.append(f"{variable}: {error['msg']}")
+        else:  # a check of the settings together: its message names the variables
+            problems.append(error["msg"].removeprefix("Value error, "))
     return "invalid settings: " + "; ".join(problems)

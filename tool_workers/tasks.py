@@ -17,8 +17,9 @@ from celery import Celery, Task, states
 from langchain_core.tools import BaseTool
 from pydantic import ValidationError
 
-from tool_workers.backend import ToolfleetRedisBackend, reply_channel_of
+from tool_workers.backend import ToolfleetRedisBackend, execute_pipeline, reply_channel_of
 from tool_workers.execute import Limits, TransientToolError, run_call
+from tool_workers.fence import START_SCRIPT, Start, parse_start, start_args
 from tool_workers.graph_context import WorkerGraph, injected_args_of
 from tool_workers.progress import ProgressPublisher, publishing
 from tool_workers.protocol import (
@@ -238,6 +239,12 @@ def _decode(raw: Any, tool: str, worker: str) -> ToolRequest | ToolResult:
         )
 
 
+def _how_lost(start: Start) -> str:
+    if start.handed_on:
+        return "its worker was lost or became unreachable (it stopped renewing its lease)"
+    return "its worker stopped"
+
+
 def _check_delivery(
     task: Task,
     key_prefix: str,
@@ -257,20 +264,35 @@ def _check_delivery(
     """
     task_id = task.request.id
     backend = task.backend
-    key = run_marker_key(key_prefix, task_id)
     started = {"pid": os.getpid(), "hostname": worker}
-    # One round trip: count the start, read whether the call was cancelled, and record
-    # (and announce) STARTED.
+    keys, args = start_args(
+        key_prefix,
+        run_marker_key(key_prefix, task_id),
+        revoked_key(key_prefix, task_id),
+        task_id,
+        expires,
+        task.request,
+    )
+    # One round trip: count the start (fenced: only a delivery still held), read whether
+    # the call was cancelled, and record (and announce) STARTED.
     with backend.client.pipeline(transaction=False) as pipe:
-        pipe.incr(key)
-        pipe.expire(key, expires)
-        pipe.exists(revoked_key(key_prefix, task_id))
+        pipe.eval(START_SCRIPT, len(keys), *keys, *args)
         if isinstance(backend, ToolfleetRedisBackend):
             backend.store_in(pipe, task_id, started, states.STARTED, request=task.request)
-        starts, _, revoked, *_ = pipe.execute()
+        reply, *_ = execute_pipeline(pipe)
+    start = parse_start(reply)
+    if start.stale:
+        # Handed on to another worker while this one was unreachable; whatever this
+        # returns is not stored (the fence names the other attempt).
+        log.warning("call %s to %s was handed on to another worker; not running it", task_id, tool)
+        return ToolResult.error(
+            "worker_lost",
+            f"Error: the call to '{tool}' was handed on to another worker.",
+            worker=worker,
+        ).model_dump(mode="json")
     if not isinstance(backend, ToolfleetRedisBackend):
         backend.store_result(task_id, started, states.STARTED, request=task.request)
-    if revoked:
+    if start.revoked:
         # Cancelled while no live worker heard Celery's revoke broadcast.
         log.warning("call %s to %s was cancelled before it started; not running it", task_id, tool)
         return ToolResult.error(
@@ -278,7 +300,7 @@ def _check_delivery(
             f"Error: the call to '{tool}' was cancelled before it started, and was not run.",
             worker=worker,
         ).model_dump(mode="json")
-    crashes = int(starts) - attempt
+    crashes = start.starts - attempt
     if crashes <= 0:
         return None
     stored = task.backend.get_task_meta(task_id)
@@ -290,7 +312,7 @@ def _check_delivery(
         log.error("refused redelivered call %s to non-idempotent tool %s", task_id, tool)
         return ToolResult.error(
             "redelivered",
-            f"Error: the call to '{tool}' was interrupted when its worker stopped, and may "
+            f"Error: the call to '{tool}' was interrupted when {_how_lost(start)}, and may "
             "have partially run. It was not run again because the tool is not idempotent.\n"
             " Check whether its effect happened before calling it again.",
             worker=worker,

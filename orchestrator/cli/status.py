@@ -10,7 +10,9 @@ Where each number comes from:
   list per priority step (``<queue>\\x06\\x16<n>``); the depth is the sum of their
   ``LLEN``, one pipeline for all queues. Calls a worker has already fetched are not in
   it. (Not kombu's passive ``queue_declare``: its existence check ignores the
-  namespace prefix.)
+  namespace prefix.) On RabbitMQ the depth is the message count of a passive
+  ``queue_declare`` of the queue's broker name (ready messages: those delivered to a
+  worker and not yet acknowledged are not counted either).
 * **in-flight calls**: Celery's ``inspect active`` sent to the registered workers: the
   calls a worker has started and not finished, answered by the workers themselves. One
   broadcast that returns as soon as every registered worker replied (at most
@@ -49,6 +51,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.dispatch.registry import read_entries
+from tool_workers.amqp import broker_queue_name
 from tool_workers.app import create_app
 from tool_workers.connections import redis_client
 from tool_workers.protocol import (
@@ -128,10 +131,10 @@ def collect(settings: Settings, *, app: Celery | None = None, timeout: float = 2
         timeout: Seconds to wait for the workers' ``inspect active`` replies.
     """
     app = app or create_app(settings)
-    client = redis_client(settings.broker_url, settings)
+    client = redis_client(settings.own_redis_url, settings)
     try:
         entries = read_entries(client, settings.key_prefix)
-        queues = _queues(client, settings, entries)
+        queues = _queues(client, settings, entries, app)
         placement = live_placement(_placement(client, settings))
         duplicates = _twins(client, settings, [e.worker for e in entries])
     finally:
@@ -232,7 +235,7 @@ def _twins(client: redis.Redis, settings: Settings, workers: list[str]) -> list[
 
 
 def _queues(
-    client: redis.Redis, settings: Settings, entries: Iterable[WorkerEntry]
+    client: redis.Redis, settings: Settings, entries: Iterable[WorkerEntry], app: Celery
 ) -> list[QueueStatus]:
     consumers: dict[str, int] = defaultdict(int)
     tools: dict[str, set[str]] = defaultdict(set)
@@ -246,7 +249,10 @@ def _queues(
     names = set(consumers) | {policies.defaults.queue}
     names |= {policies.for_tool(name).queue for name in policies.tools}
     ordered = sorted(names)
-    depths = queue_depths(client, settings, ordered)
+    if settings.broker_is_amqp:
+        depths = amqp_queue_depths(app, ordered)
+    else:
+        depths = queue_depths(client, settings, ordered)
     return [
         QueueStatus(name, depth, consumers.get(name, 0), sorted(tools.get(name, ())))
         for name, depth in zip(ordered, depths, strict=True)
@@ -263,6 +269,23 @@ def queue_depths(client: redis.Redis, settings: Settings, queues: list[str]) -> 
         lengths = pipe.execute()
     steps = len(PRIORITY_STEPS)
     return [sum(lengths[i * steps : (i + 1) * steps]) for i in range(len(queues))]
+
+
+def amqp_queue_depths(app: Celery, queues: list[str]) -> list[int]:
+    """Calls waiting in each of ``queues`` on RabbitMQ: the message count of a passive
+    ``queue_declare`` (0 for a queue not declared yet); one connection for all."""
+    depths = []
+    with app.connection_for_read() as conn:
+        channel = conn.default_channel
+        for queue in queues:
+            try:
+                ok = channel.queue_declare(broker_queue_name(app, queue), passive=True)
+            except conn.channel_errors:  # NOT_FOUND closes the channel
+                channel = conn.channel()
+                depths.append(0)
+            else:
+                depths.append(int(ok.message_count))
+    return depths
 
 
 def render(status: FleetStatus, console: Console) -> None:

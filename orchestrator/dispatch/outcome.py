@@ -22,6 +22,7 @@ from orchestrator.messages import (
     cancelled_text,
     not_served_there_text,
     refused_result_text,
+    undelivered_text,
     unreadable_text,
     worker_lost_text,
 )
@@ -32,6 +33,30 @@ log = logging.getLogger("toolfleet.dispatch")
 
 WITHHELD = "details not shown: unsigned"
 """The detail of a Celery failure record when a signing key is set."""
+
+LINK_FAILURE_MODULES = ("redis.", "socket")
+"""Modules whose every exception is a failed link (kombu's are matched by type name:
+its ``EncodeError`` is not one)."""
+
+LINK_FAILURES = frozenset(
+    {
+        "ConnectionError",
+        "ConnectionResetError",
+        "ConnectionRefusedError",
+        "ConnectionAbortedError",
+        "BrokenPipeError",
+        "TimeoutError",
+        "OperationalError",
+        "BackendStoreError",
+        "timeout",
+    }
+)
+"""Exception types of a failure record that mean the worker's link failed, not the tool.
+
+A tool's own exceptions never reach a failure record (the worker turns them into an
+error result), so a record carrying one of these says the worker could not store the
+call's result: it ran, or may have, and its answer was lost on the way.
+"""
 
 
 def result_from_meta(
@@ -86,8 +111,14 @@ def result_from_meta(
         return ToolResult.error("unknown_tool", not_served_there_text(tool))
     if exc_type in ("UnreadableCall", "ContentDisallowed", "DecodeError"):
         return ToolResult.error("protocol", unreadable_text(tool, detail))
+    if exc_type == "SoftTimeLimitExceeded":  # the soft limit, fired outside the tool
+        limit = spec.options.get("soft_time_limit") if spec else None
+        return ToolResult.error("timeout", timeout_text(tool, limit))
     if exc_type == "WorkerLostError":
         return ToolResult.error("worker_lost", worker_lost_text(tool, detail))
+    exc_module = payload.get("exc_module", "") if isinstance(payload, dict) else ""
+    if exc_type in LINK_FAILURES or str(exc_module).startswith(LINK_FAILURE_MODULES):
+        return ToolResult.error("worker_lost", undelivered_text(tool, detail or exc_type))
     shown = "RemoteError" if signing_key else exc_type
     return ToolResult.error("tool_error", error_text(_Remote(shown, detail)))
 

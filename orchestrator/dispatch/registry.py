@@ -2,7 +2,10 @@
 
 Each worker keeps one entry fresh (:mod:`tool_workers.registry` writes it); this side
 reads every entry with one ``SCAN`` + ``MGET``, at most once a second, and shares the
-resulting tool map between threads without copying it.
+resulting tool map between threads without copying it. Once a map has been read, a
+caller never waits for the next read: a map older than a second is served while a
+background thread reads the new one (each read is several round trips, which a slow
+link would otherwise add to the call that happens to find the map stale).
 
 What a worker says about itself routes nothing. A call's queue and whether its tool gets
 the message history come from the orchestrator's own tool policy, whatever the entry
@@ -12,7 +15,11 @@ bend (no worker-written timestamp decides), and the disagreement is logged once.
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -20,14 +27,22 @@ from types import MappingProxyType
 
 import redis
 
+from orchestrator.dispatch.base import PlacementTable
 from tool_workers.errors import DispatchError
-from tool_workers.protocol import ToolSpec, WorkerEntry, worker_registry_pattern
+from tool_workers.protocol import ToolSpec, WorkerEntry, placement_key, worker_registry_pattern
 from tool_workers.settings import Settings, ToolPolicies, ToolPolicy
 
 log = logging.getLogger("toolfleet.registry")
 
+PLACEMENT_TTL = 3600
+"""Seconds a published tool placement is kept (``toolfleet status`` shows it)."""
+
 CACHE_SECONDS = 1.0
 """How long a read of the registry is reused (one SCAN per second at most)."""
+
+SCAN_COUNT = 10_000
+"""Keys the server looks at per ``SCAN`` step: a read is one round trip per this many
+keys in the database, whatever they are."""
 
 FIRST_READ_SECONDS = 10.0
 """How long the first read of the registry retries while Redis is unreachable."""
@@ -35,7 +50,7 @@ FIRST_READ_SECONDS = 10.0
 
 def read_entries(client: redis.Redis, key_prefix: str) -> list[WorkerEntry]:
     """Every live worker's entry (unreadable entries are skipped with a warning)."""
-    keys = list(client.scan_iter(match=worker_registry_pattern(key_prefix), count=500))
+    keys = list(client.scan_iter(match=worker_registry_pattern(key_prefix), count=SCAN_COUNT))
     if not keys:
         return []
     entries = []
@@ -132,6 +147,10 @@ class RegistryView:
         self._entries: list[WorkerEntry] = []
         self._tools: Mapping[str, ToolSpec] = MappingProxyType({})
         self._read_at = float("-inf")
+        self._refreshing: concurrent.futures.Future[None] | None = None
+        self._background = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="toolfleet-registry"
+        )
 
     def refresh(self) -> None:
         """Read the registry now.
@@ -181,12 +200,44 @@ class RegistryView:
         """Whether the next read goes to Redis (the cached one is older than a second)."""
         return time.monotonic() - self._read_at > CACHE_SECONDS
 
+    @property
+    def read_once(self) -> bool:
+        """Whether a map was read: from then on a stale one is refreshed in the background."""
+        return self._read_at != float("-inf")
+
     def tools(self, *, fresh: bool = False) -> Mapping[str, ToolSpec]:
-        """Tools some live worker serves, by name (``fresh``: read Redis first)."""
-        if fresh or self.stale:
+        """Tools some live worker serves, by name (``fresh``: read Redis first).
+
+        Raises:
+            DispatchError: the registry was never read and Redis stayed unreachable.
+        """
+        if fresh or not self.read_once:
             self.refresh()
+        elif self.stale:
+            self._refresh_in_background()
         with self._lock:
             return self._tools
+
+    def _refresh_in_background(self) -> None:
+        with self._lock:
+            if self._refreshing is not None and not self._refreshing.done():
+                return
+            try:
+                self._refreshing = self._background.submit(self._refresh_quietly)
+            except RuntimeError:  # closed: the caller routes with the last map
+                return
+
+    def _refresh_quietly(self) -> None:
+        try:
+            self.refresh()
+        except Exception as exc:  # nobody waits for this read: say why it failed
+            log.warning("registry read failed (%r); routing with the last one read", exc)
+
+    def close(self) -> None:
+        """Stop the background reads and close the view's Redis client (a read in
+        progress finishes first)."""
+        self._background.shutdown(wait=True)
+        self._client.close()
 
     def workers(self) -> list[WorkerEntry]:
         """Every live worker's entry."""
@@ -194,3 +245,13 @@ class RegistryView:
             self.refresh()
         with self._lock:
             return list(self._entries)
+
+
+def note_placement(client: redis.Redis, key_prefix: str, table: PlacementTable) -> None:
+    """Publish this process's tool placement for ``toolfleet status`` (best effort)."""
+    key = placement_key(key_prefix, socket.gethostname(), os.getpid())
+    record = {"host": socket.gethostname(), "pid": os.getpid(), "at": time.time(), "tools": table}
+    try:
+        client.set(key, json.dumps(record), ex=PLACEMENT_TTL)
+    except redis.RedisError as exc:
+        log.warning("could not publish the tool placement: %r", exc)

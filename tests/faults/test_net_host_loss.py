@@ -1,75 +1,96 @@
 """A whole worker host is lost mid-call (every process on it SIGKILLed, as a reclaimed
-machine stops): the call runs again on another host after the visibility timeout, and a
-non-idempotent call is not run twice.
+machine stops): the call runs again on another host within seconds, at the default
+policy's 300 s time limit, and a non-idempotent call is not run twice.
 
-The trials use the network policy (visibility timeout 42 s, so a lost call is back within
-a minute); the default policy's visibility timeout (330 s) is pinned by a unit test.
+The worker's lease (:mod:`tool_workers.lease`) lapses ``TOOLFLEET_LEASE_TTL`` (10 s) after
+the host stopped renewing it, and the surviving worker's next sweep puts the call back on
+its queue; the visibility timeout (330 s here) is only the last resort.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from tests.faults.test_worker_crash import AgentRun
 from tests.support.fleet import wait_started
 from tests.support.net_fleet import NetFleet
-from tool_workers.app import RESTORE_INTERVAL, visibility_timeout
+from tests.support.net_tools import read_effects
+from tool_workers.app import visibility_timeout
 
 pytestmark = pytest.mark.timeout(240)
 
+DEFAULT_POLICY = Path(__file__).resolve().parent / "net_default_policy.toml"
 
-def host_loss_trial(fleet: NetFleet, tool: str) -> tuple[str, str, float, float]:
-    """Run one call, kill the host running it; (content, status, seconds to answer, bound)."""
+RUNNING_WITHIN = 30.0
+"""Seconds after the kill by which the call runs on another host (the goal is 15)."""
+
+
+def default_fleet(make_fleet: Callable[..., NetFleet]) -> NetFleet:
+    """Two worker hosts with the default policy (300 s limit, 30 s redelivery margin)."""
+    fleet = make_fleet(config=DEFAULT_POLICY, redelivery_margin=30.0)
+    policies = fleet.settings.policies()
+    assert policies.for_tool("step").time_limit == 300
+    assert visibility_timeout(policies, fleet.settings.redelivery_margin) == 330
+    return fleet
+
+
+def host_loss_trial(fleet: NetFleet, tool: str) -> tuple[str, str, float | None, float]:
+    """Run one call, kill the host running it; (content, status, seconds from the kill to
+    the start on the other host (None if it did not start again), seconds to answer)."""
     first = fleet.start_worker("w1", pool="prefork", concurrency=2)
     second = fleet.start_worker("w2", pool="prefork", concurrency=2)
-    run = AgentRun(fleet.settings, tool, {"seconds": 2}).start()
+    run = AgentRun(fleet.settings, tool, {"seconds": 3}).start()
     started = wait_started(fleet.settings, run.task_id)
     victim = first if started["hostname"] == first.hostname else second
     time.sleep(0.5)  # inside the call
 
     victim.host.kill()
-    killed = time.monotonic()
+    killed_at, killed = time.time(), time.monotonic()
 
-    bound = visibility_timeout(fleet.settings.policies(), fleet.settings.redelivery_margin)
-    bound += RESTORE_INTERVAL + 2 + 5  # the scan interval, the call itself, slack
-    message = run.result(timeout=bound + 30)
-    elapsed = time.monotonic() - killed
-    print(f"\n[host lost, {tool}] answered {elapsed:.1f}s after the kill (bound {bound:.0f}s)")
-    return str(message.content), message.status, elapsed, bound
+    message = run.result(timeout=120)
+    answered = time.monotonic() - killed
+    starts = [at for event, key, _, at in _events(fleet) if key == run.task_id and event == "start"]
+    rerun = starts[1] - killed_at if len(starts) > 1 else None
+    shown = "not run again" if rerun is None else f"running elsewhere {rerun:.1f}s after"
+    print(f"\n[host lost, {tool}, 300 s limit] {shown}, answered {answered:.1f}s after the kill")
+    return str(message.content), message.status, rerun, answered
 
 
-def test_an_idempotent_call_of_a_lost_host_completes_on_another_host(
+def test_an_idempotent_call_of_a_lost_host_runs_on_another_host_within_seconds(
     net_fleet: Callable[..., NetFleet],
 ) -> None:
-    """Given two worker hosts, when the host running an idempotent call is killed, then
-    the call runs again on the other host, within the visibility timeout + the scan
-    interval, and completes."""
-    fleet = net_fleet()
-    content, status, elapsed, bound = host_loss_trial(fleet, "step")
+    """Given two worker hosts and the default 300 s time limit, when the host running an
+    idempotent call is killed, then the call is running on the other host within 30 s
+    (not after the 330 s visibility timeout) and completes."""
+    fleet = default_fleet(net_fleet)
+    content, status, rerun, answered = host_loss_trial(fleet, "step")
     assert status == "success", content
-    assert content == "slept 2"
-    effects = [e for e, *_ in _events(fleet)]
-    assert effects == ["start", "start", "end"]  # cut short on the lost host, then rerun
-    assert elapsed < bound
+    assert content == "slept 3"
+    assert [e for e, *_ in _events(fleet)] == ["start", "start", "end"]  # cut short, rerun
+    assert rerun is not None and rerun < RUNNING_WITHIN, rerun
+    assert answered < RUNNING_WITHIN + 5, answered
 
 
-def test_a_non_idempotent_call_of_a_lost_host_is_not_run_again(
+def test_a_non_idempotent_call_of_a_lost_host_is_answered_within_seconds_not_run_again(
     net_fleet: Callable[..., NetFleet],
 ) -> None:
-    """Given a non-idempotent call, when its host is killed mid-call, then it is not run
-    again: the model gets an error saying it may have partially run."""
-    fleet = net_fleet()
-    content, status, elapsed, bound = host_loss_trial(fleet, "pay")
+    """Given a non-idempotent call at the default time limit, when its host is killed
+    mid-call, then within 30 s the model gets an error saying its worker was lost or
+    unreachable and it may have partially run; it ran once."""
+    fleet = default_fleet(net_fleet)
+    content, status, rerun, answered = host_loss_trial(fleet, "pay")
     assert status == "error"
-    assert "may have partially run" in content
+    assert "may have partially run" in content, content
+    assert "lost or became unreachable" in content, content
+    assert "not run again" in content, content
     assert [e for e, *_ in _events(fleet)] == ["start"]
-    assert elapsed < bound
+    assert rerun is None
+    assert answered < RUNNING_WITHIN, answered
 
 
 def _events(fleet: NetFleet) -> list[tuple[str, str, int, float]]:
-    from tests.support.net_tools import read_effects
-
     return read_effects(fleet.effects_file)

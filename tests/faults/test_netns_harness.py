@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.support.delay_proxy import DelayProxy
+from orchestrator.bench.delay_proxy import DelayProxy
 from tests.support.netns import Host, NetnsUnavailable, TestNet, require_netns, run
 
 pytestmark = pytest.mark.timeout(90)

@@ -174,7 +174,7 @@ def test_call_cancelled_while_no_worker_is_up_never_runs(
     runs and a waiter that re-attaches to it (a resumed orchestrator) gets a cancelled
     result."""
     settings = fault_settings()
-    first = CeleryDispatcher(create_app(settings), settings)
+    first = CeleryDispatcher(create_app(settings), settings, owns_app=True)
     call = direct("charge", amount=5)
     try:
         first.submit([call])

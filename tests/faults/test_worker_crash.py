@@ -86,11 +86,14 @@ def crash_trial(
 
 
 def test_idempotent_call_reruns_after_pool_child_is_killed(
-    fault_settings: Callable[..., Settings], start_worker: Callable[..., Any], counter: Any
+    fault_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    counter: Any,
+    broker_settings: dict[str, Any],
 ) -> None:
     """Given an idempotent call running in a prefork child, when the child is SIGKILLed
     (as an OOM kill would), then the call runs again and the run completes."""
-    settings = fault_settings()
+    settings = fault_settings(**broker_settings)
     start_worker(settings, pool="prefork", concurrency=2)
     start_worker(settings, pool="prefork", concurrency=2)
 
@@ -102,11 +105,14 @@ def test_idempotent_call_reruns_after_pool_child_is_killed(
 
 
 def test_non_idempotent_call_is_not_rerun_after_pool_child_is_killed(
-    fault_settings: Callable[..., Settings], start_worker: Callable[..., Any], counter: Any
+    fault_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    counter: Any,
+    broker_settings: dict[str, Any],
 ) -> None:
     """Given a non-idempotent call, when its pool child is SIGKILLed mid-call, then it is
     not run again: the model gets an error saying it may have partially run."""
-    settings = fault_settings()
+    settings = fault_settings(**broker_settings)
     start_worker(settings, pool="prefork", concurrency=2)
 
     message, runs, task_id = crash_trial(settings, counter, "charge")
@@ -118,12 +124,17 @@ def test_non_idempotent_call_is_not_rerun_after_pool_child_is_killed(
 
 
 def test_call_of_a_killed_worker_is_redelivered_to_another(
-    fault_settings: Callable[..., Settings], start_worker: Callable[..., Any], counter: Any
+    fault_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    counter: Any,
+    broker: str,
+    broker_settings: dict[str, Any],
 ) -> None:
     """Given two workers, when the one running a call is SIGKILLed whole (main process and
-    pool), then the broker redelivers the call after the visibility timeout and the other
-    worker runs it; the run completes."""
-    settings = fault_settings()
+    pool), then the broker redelivers the call and the other worker runs it; the run
+    completes (Redis: after the visibility timeout; RabbitMQ: as soon as the dead
+    worker's connection closes)."""
+    settings = fault_settings(**broker_settings)
     first = start_worker(settings, pool="prefork", concurrency=1)
     second = start_worker(settings, pool="prefork", concurrency=1)
     run = AgentRun(settings, "touch", {"tag": "w", "seconds": 2}).start()
@@ -135,6 +146,7 @@ def test_call_of_a_killed_worker_is_redelivered_to_another(
     victim.kill()
     message = run.result(timeout=90)
     took = time.monotonic() - t0
+    print(f"{broker}: the call completed on the survivor {took:.1f} s after the kill")
 
     assert message.status == "success"
     assert message.response_metadata["toolfleet"]["worker"] == survivor.hostname

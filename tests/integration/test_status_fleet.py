@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from orchestrator.cli.status import collect
+from tool_workers.app import create_app
 from tool_workers.protocol import placement_key, worker_processes_key
 from tool_workers.settings import Settings
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _noted(settings: Settings, pid: int) -> bool:
-    client = redis.Redis.from_url(settings.broker_url)
+    client = redis.Redis.from_url(settings.own_redis_url)
     try:
         key = worker_processes_key(settings.key_prefix, f"twin@{socket.gethostname()}")
         return client.zscore(key, f"{socket.gethostname()}:{pid}") is not None
@@ -40,7 +41,7 @@ def test_status_warns_about_twin_workers_and_hides_exited_orchestrators(
     twin = start_worker(settings, name="twin", queues=("tools",), wait=False)
     exited = subprocess.Popen([sys.executable, "-c", "pass"])
     exited.wait()
-    client = redis.Redis.from_url(settings.broker_url)
+    client = redis.Redis.from_url(settings.own_redis_url)
     host = socket.gethostname()
     record = {"host": host, "pid": exited.pid, "at": 0.0, "tools": {}}
     client.set(placement_key(settings.key_prefix, host, exited.pid), json.dumps(record), ex=60)
@@ -55,3 +56,23 @@ def test_status_warns_about_twin_workers_and_hides_exited_orchestrators(
     assert [w.name for w in status.workers] == [f"twin@{host}"]
     assert status.duplicates == [f"twin@{host}"]
     assert status.placement == []
+
+
+def test_status_counts_the_calls_waiting_in_the_broker(
+    make_settings: Callable[..., Settings], broker_settings: dict[str, Any]
+) -> None:
+    """Given three calls published to a queue no worker consumes, when the status is
+    collected, then that queue's depth is 3, read from the broker (Redis list lengths, or
+    RabbitMQ's message count)."""
+    settings = make_settings(**broker_settings)
+    app = create_app(settings)
+    try:
+        for i in range(3):
+            app.send_task("tools.hang", args=[[], {}], task_id=f"wait-{i}", queue="prefork")
+        status = collect(settings, app=app, timeout=0.5)
+    finally:
+        app.close()
+
+    depths = {queue.name: queue.depth for queue in status.queues}
+    assert depths["prefork"] == 3
+    assert depths["tools"] == 0

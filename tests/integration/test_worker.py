@@ -177,8 +177,8 @@ def test_second_dispatch_of_a_call_attaches_to_the_first(
     from orchestrator.dispatch.celery import CeleryDispatcher
     from tests.support.fleet import effects
 
-    first = CeleryDispatcher(create_app(shared_fleet), shared_fleet)
-    second = CeleryDispatcher(create_app(shared_fleet), shared_fleet)
+    first = CeleryDispatcher(create_app(shared_fleet), shared_fleet, owns_app=True)
+    second = CeleryDispatcher(create_app(shared_fleet), shared_fleet, owns_app=True)
     the_call = call("touch", tag="once", seconds=0.3)
     try:
         first.submit([the_call])

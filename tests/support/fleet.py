@@ -22,6 +22,8 @@ from tool_workers.settings import Settings
 REPO = Path(__file__).resolve().parents[2]
 TEST_POLICY = REPO / "tests" / "fleet_policy.toml"
 FAULT_POLICY = REPO / "tests" / "faults" / "fault_policy.toml"
+TEST_QUEUES = ("tools", "prefork", "threads", "sandbox", "slow")
+"""Every queue the test policies and fleets use (RabbitMQ's are deleted by name)."""
 RUN_ID = uuid.uuid4().hex[:8]
 """This test run's id: every namespace it makes starts with ``tft-<id>-``."""
 
@@ -50,7 +52,7 @@ def worker_env(settings: Settings) -> dict[str, str]:
     """Environment the test tools need on the worker side."""
     return {
         "PYTHONPATH": str(REPO),
-        "TOOLFLEET_TEST_COUNTER_URL": settings.broker_url,
+        "TOOLFLEET_TEST_COUNTER_URL": settings.own_redis_url,
     }
 
 
@@ -107,7 +109,7 @@ def call_states(settings: Settings) -> Counter[str]:
 
 def started_calls(settings: Settings) -> int:
     """How many calls of the namespace a worker has started (their run markers)."""
-    client = redis.Redis.from_url(settings.broker_url)
+    client = redis.Redis.from_url(settings.own_redis_url)
     try:
         pattern = run_marker_key(settings.key_prefix, "*")
         return len(list(client.scan_iter(match=pattern, count=1000)))

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from kombu import pools
+from kombu.utils.collections import eqhash
 
 from tests.support.fleet import fleet_settings, worker_env
 from tests.support.hosts import HostRedis, HostWorker
@@ -113,4 +115,21 @@ class NetFleet:
         for worker in self.workers:
             worker.stop(grace=5)
         if self._app is not None:
+            close_broker_pools(self._app)
             self._app.close()
+
+
+def close_broker_pools(app: Celery) -> None:
+    """Close kombu's process-wide pools for ``app``'s broker, and forget them.
+
+    Celery's control broadcasts (pings, revocations) publish through them, whatever
+    connection they are given. Their Redis host goes away with the test, so their
+    sockets are closed here rather than left for the garbage collector.
+    """
+    connection = app.connection_for_write()
+    for group in (pools.producers, pools.connections):
+        if eqhash(connection) in group:
+            pool = group[connection]
+            del group[connection]
+            pool.force_close_all()
+    connection.release()

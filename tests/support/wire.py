@@ -54,8 +54,16 @@ def publish_raw(
     with ``content_encoding`` for a body of bytes sent as is.
     """
     app = create_app(settings)
+    target = app.amqp.queues[queue]  # its broker-side names (namespaced on RabbitMQ)
     with app.producer_or_acquire() as producer:
-        producer.publish(body, routing_key=queue, exchange=queue, headers=headers, **options)
+        producer.publish(
+            body,
+            routing_key=target.routing_key,
+            exchange=target.exchange,
+            declare=[target],
+            headers=headers,
+            **options,
+        )
 
 
 def stored_meta(settings: Settings, task_id: str) -> dict[str, Any] | None:

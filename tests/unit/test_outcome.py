@@ -78,6 +78,54 @@ def test_given_worker_lost_then_worker_lost_error() -> None:
     assert "stopped (signal 9)" in str(result.content)
 
 
+def test_given_worker_lost_then_the_text_says_it_may_have_run_and_was_not_rerun() -> None:
+    result = result_from_meta(failure("WorkerLostError", "signal 9"), "grep")
+
+    assert "may have run" in str(result.content)
+    assert "not run again" in str(result.content)
+    assert "fix your mistakes" not in str(result.content)  # nothing the model did wrong
+
+
+@pytest.mark.parametrize(
+    ("exc_type", "exc_module"),
+    [
+        ("ConnectionError", "redis.exceptions"),
+        ("TimeoutError", "redis.exceptions"),
+        ("OperationalError", "kombu.exceptions"),
+        ("BackendStoreError", "celery.exceptions"),
+        ("ConnectionResetError", "builtins"),
+    ],
+)
+def test_given_a_link_failure_record_then_the_result_could_not_be_delivered(
+    exc_type: str, exc_module: str
+) -> None:
+    """A worker that could not store a finished call's result (its link to Redis cut for
+    too long) leaves a failure record with the connection error: the model reads that
+    the result was lost on the way, that the tool may have run, and that it was not
+    retried, never a bare connection error that invites calling again."""
+    meta = failure(exc_type, "Timeout reading from socket")
+    meta["result"]["exc_module"] = exc_module
+
+    result = result_from_meta(meta, "pay", SPEC)
+
+    assert result.error_kind == "worker_lost"
+    assert "lost its connection to Redis" in str(result.content)
+    assert "could not deliver the call's result" in str(result.content)
+    assert "may have run" in str(result.content)
+    assert "not retried" in str(result.content)
+    assert not str(result.content).startswith(f"Error: {exc_type}(")
+
+
+def test_given_a_soft_time_limit_failure_record_then_a_timeout_naming_the_limit() -> None:
+    spec = ToolSpec(name="grep", options={"time_limit": 30.0, "soft_time_limit": 6.0})
+
+    result = result_from_meta(failure("SoftTimeLimitExceeded", ""), "grep", spec)
+
+    assert result.error_kind == "timeout"
+    assert "did not finish within its time limit of 6 s" in str(result.content)
+    assert "SoftTimeLimitExceeded" not in str(result.content)
+
+
 def test_given_other_failure_then_tool_error_with_its_type_name() -> None:
     result = result_from_meta(failure("OSError", "disk full"), "grep")
 

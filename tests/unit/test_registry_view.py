@@ -15,6 +15,7 @@ class FlakyRegistry:
         self.entry = entry
         self.down = False
         self.reads = 0
+        self.closed = False
 
     def scan_iter(self, match: str, count: int) -> Iterator[bytes]:
         self.reads += 1
@@ -26,6 +27,9 @@ class FlakyRegistry:
 
     def mget(self, keys: list[bytes]) -> list[str]:
         return [self.entry.model_dump_json()]
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def test_given_registry_read_failing_after_a_good_one_then_last_map_is_served() -> None:
@@ -125,3 +129,49 @@ def test_given_equal_offers_off_the_policy_queue_then_first_worker_name_wins() -
     tools = served_tools([entry("w-b", "b", 5e11), entry("w-a", "a", 0.0)], ToolPolicies())
     assert tools["echo"].description == "a"
     assert tools["echo"].queue == "tools"
+
+
+def test_given_a_stale_map_then_it_is_served_at_once_and_read_again_in_the_background(
+    monkeypatch: Any,
+) -> None:
+    """Given a view that read the registry once, when its map is older than the cache
+    period and the next read is slow, then a caller gets the last map without waiting
+    for that read, and the map read in the background is served once it is in."""
+    import threading
+
+    from orchestrator.dispatch import registry
+    from tool_workers.protocol import ToolSpec, WorkerEntry
+    from tool_workers.settings import Settings
+
+    monkeypatch.setattr(registry, "CACHE_SECONDS", 0.0)
+    client = FlakyRegistry(
+        WorkerEntry(worker="w1", pid=1, queues=["tools"], tools=[ToolSpec(name="grep")],
+                    updated_at=0.0)
+    )  # fmt: skip
+    view = registry.RegistryView(client, Settings())  # type: ignore[arg-type]
+    assert set(view.tools()) == {"grep"}
+    release = threading.Event()
+    reading = threading.Event()
+    scan = client.scan_iter
+
+    def slow_scan(match: str, count: int) -> Iterator[bytes]:
+        reading.set()
+        assert release.wait(10), "the test never released the read"
+        yield from scan(match, count)
+
+    client.scan_iter = slow_scan  # type: ignore[method-assign]
+    client.entry = WorkerEntry(
+        worker="w1", pid=1, queues=["tools"], tools=[ToolSpec(name="ls")], updated_at=0.0
+    )
+    try:
+        assert set(view.tools()) == {"grep"}  # at once, while the new read waits
+        assert reading.wait(10)
+    finally:
+        release.set()
+    for _ in range(100):
+        if set(view.tools()) == {"ls"}:
+            break
+        threading.Event().wait(0.05)
+    assert set(view.tools()) == {"ls"}
+    view.close()
+    assert client.closed

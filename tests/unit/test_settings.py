@@ -286,3 +286,17 @@ def test_visibility_timeout_counts_the_longest_delay_a_retried_call_really_waits
     assert policies.for_tool("capped").longest_retry_delay == 30.0
     assert policies.for_tool("slow").longest_retry_delay == 0.0
     assert visibility_timeout(policies, margin=5) == 205.0
+
+
+def test_given_no_lease_settings_then_a_lost_worker_is_noticed_within_seconds() -> None:
+    """The lease defaults: 10 s to lapse, renewed every second."""
+    settings = Settings()
+    assert (settings.lease_ttl, settings.lease_refresh) == (10.0, 1.0)
+
+
+def test_given_a_lease_refresh_not_below_its_ttl_then_settings_refused() -> None:
+    """A lease renewed as rarely as it lapses would lapse between renewals."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="lease_refresh must be below lease_ttl"):
+        Settings(lease_ttl=5.0, lease_refresh=5.0)

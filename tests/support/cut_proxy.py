@@ -1,0 +1,40 @@
+"""A loopback TCP proxy that can go down and come back, standing in for a broker restart.
+
+The machine's RabbitMQ cannot be restarted by a test (other runs use it). Seen from the
+workers and the orchestrator, a restart is every connection dropped, new ones refused
+for a while, then accepted again, the durable queues and their messages still there:
+that is what :meth:`CutProxy.outage` does in front of the real server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from orchestrator.bench.delay_proxy import DelayProxy
+
+
+class CutProxy(DelayProxy):
+    """Forward ``listen`` -> ``target`` with no delay; :meth:`outage` drops everything."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        super().__init__(target_host, target_port, delay=0.0)
+        self.down = False
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.down:
+            writer.close()  # refused, as by a server that is not there
+            return
+        await super()._accept(reader, writer)
+
+    def outage(self, down_for: float) -> None:
+        """Drop every connection, refuse new ones for ``down_for`` seconds, then accept."""
+
+        async def cut() -> None:
+            self.down = True
+            for task in list(self._tasks):
+                task.cancel()
+
+        asyncio.run_coroutine_threadsafe(cut(), self._loop).result(timeout=10)
+        time.sleep(down_for)
+        self.down = False

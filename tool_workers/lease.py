@@ -1,0 +1,394 @@
+"""Worker leases: the calls of a worker that died or became unreachable go back to the
+queue within seconds, whatever their time limits.
+
+kombu's Redis transport gives a dead worker's unacknowledged calls back only after the
+visibility timeout, which must outlast the longest time limit (330 s with the default
+policy). Instead, each worker process holds a *lease* in Redis, renewed every
+``TOOLFLEET_LEASE_REFRESH`` seconds from a thread of its own (a busy or stalled consumer
+loop does not make a live worker look dead) and lapsing ``TOOLFLEET_LEASE_TTL`` seconds
+after the last renewal. Next to it, the worker records every call it holds (reserved or
+running: one entry per delivery tag, written in the round trip where kombu records the
+delivery as unacknowledged), with a copy of the message ready to be queued again.
+
+Every worker also sweeps: in one Lua script (atomic, so two sweepers never move one call
+twice, and kombu's own restore never also restores it) it takes the holdings of every
+lease that lapsed, moves each message still unacknowledged back to the head of its queue,
+and records that the call was handed on (:func:`tool_workers.fence.handed_on_key`). The
+visibility timeout stays as the last resort, for calls whose holdings record was lost.
+
+Which attempt of a handed-on call may start it and store its result is the fence's
+(:mod:`tool_workers.fence`). A worker that comes back after its lease lapsed learns it
+from its next renewal: it stops its executions that another attempt has since started,
+takes a new lease, and never acknowledges a delivery it no longer holds (the message,
+under the same tag, now belongs to another worker).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+import redis
+from celery.worker import state as worker_state
+
+from tool_workers.connections import redis_client
+from tool_workers.fence import HOLDING_HEADER, fence_key, held_key, holding_token
+from tool_workers.settings import Settings
+
+log = logging.getLogger("toolfleet.worker")
+
+SWEEP_BATCH = 20
+"""Lapsed leases one sweep takes at most (the next sweep, a refresh later, takes more)."""
+
+
+def leases_key(key_prefix: str) -> str:
+    """Sorted set of live leases: member the lease id, score its deadline (server ms)."""
+    return f"{key_prefix}leases"
+
+
+# KEYS: leases zset, own held hash. ARGV: lease id, ttl ms, first renewal (1/0),
+# retention ms of the records. Returns 1, or 0 when the lease was swept: its holdings
+# were handed on.
+_RENEW = """
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+if ARGV[3] ~= '1' and not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+    return 0
+end
+redis.call('ZADD', KEYS[1], ms + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return 1
+"""
+
+# KEYS: leases zset, kombu's unacked hash, kombu's unacked index. ARGV: key prefix,
+# records' lifetime (s), batch size. Returns the task ids moved back to their queues.
+_SWEEP = """
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ms, 'LIMIT', 0, tonumber(ARGV[3]))
+local moved = {}
+for _, id in ipairs(lapsed) do
+    local held = ARGV[1] .. 'held:' .. id
+    local entries = redis.call('HGETALL', held)
+    for i = 1, #entries, 2 do
+        local tag = entries[i]
+        local ok, entry = pcall(cjson.decode, entries[i + 1])
+        -- Only a delivery still unacknowledged: an acked one is done, and one kombu
+        -- restored already is on its queue.
+        if ok and type(entry) == 'table' and redis.call('HEXISTS', KEYS[2], tag) == 1 then
+            redis.call('HDEL', KEYS[2], tag)
+            redis.call('ZREM', KEYS[3], tag)
+            for _, queue in ipairs(entry[3]) do
+                redis.call('RPUSH', queue, entry[2])
+            end
+            redis.call('SET', ARGV[1] .. 'handed-on:' .. entry[1], id, 'EX', ARGV[2])
+            table.insert(moved, entry[1])
+        end
+    end
+    redis.call('DEL', held)
+    redis.call('ZREM', KEYS[1], id)
+end
+return moved
+"""
+
+
+# KEYS: the held hash the delivery was recorded in, kombu's unacked hash and index.
+# ARGV: delivery tag. Returns 1 when removed, 0 when the delivery had been handed on.
+_ACK = """
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 1 then
+    redis.call('HDEL', KEYS[2], ARGV[1])
+    redis.call('ZREM', KEYS[3], ARGV[1])
+    return 1
+end
+return 0
+"""
+
+
+class Lease:
+    """The lease of one worker process and the calls it holds.
+
+    Args:
+        client: A Redis client of the broker (its own connections: the lease thread
+            must not wait on the consumer's).
+        key_prefix: toolfleet's key prefix (``settings.key_prefix``).
+        broker_prefix: The broker's global key prefix (``"<namespace>:"`` or ``""``),
+            in front of kombu's ``unacked`` keys.
+        ttl: Seconds a lease lives after its last renewal.
+        refresh: Seconds between renewals (and sweeps).
+        retention: Seconds the holdings record outlives a renewal (at least the longest
+            a call may be held: a record that expired falls back to the visibility
+            timeout).
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        key_prefix: str,
+        broker_prefix: str,
+        ttl: float,
+        refresh: float,
+        retention: float,
+    ) -> None:
+        self.client = client
+        self.key_prefix = key_prefix
+        self.broker_prefix = broker_prefix
+        self.ttl = ttl
+        self.refresh = refresh
+        self.retention = max(retention, ttl * 3)
+        self.id = uuid.uuid4().hex
+        self._lock = threading.Lock()
+        self._first = True
+        self._sweeps_from = 0.0
+        # delivery tag -> (lease id it was taken under, task id)
+        self._holding: dict[str, tuple[str, str]] = {}
+        self._to_stop: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._renew = client.register_script(_RENEW)
+        self._sweep = client.register_script(_SWEEP)
+        self._ack = client.register_script(_ACK)
+
+    @property
+    def held(self) -> str:
+        """The Redis key of the holdings of the current lease."""
+        return held_key(self.key_prefix, self.id)
+
+    # --- the transport's side (kombu's QoS, in the consumer loop) ------------------
+    def take(self, tag: str, task_id: str) -> str:
+        """Note that delivery ``tag`` of ``task_id`` is held; the held key it goes in."""
+        with self._lock:
+            self._holding[tag] = (self.id, task_id)
+            return self.held
+
+    def held_key_of(self, tag: str) -> str | None:
+        """The held key delivery ``tag`` was recorded in (None if it was not)."""
+        with self._lock:
+            taken = self._holding.get(tag)
+        return held_key(self.key_prefix, taken[0]) if taken is not None else None
+
+    def still_holds(self, tag: str) -> bool:
+        """Whether delivery ``tag`` is still this worker's (not handed on); True for a
+        delivery the lease never recorded."""
+        held = self.held_key_of(tag)
+        return held is None or bool(self.client.hexists(held, tag))
+
+    def acknowledge(self, tag: str, unacked: str, unacked_index: str) -> bool:
+        """Remove delivery ``tag`` from kombu's unacked records, only if this worker still
+        holds it (one that was handed on, under the same tag, is now another worker's).
+
+        Args:
+            tag: The delivery tag.
+            unacked: The full key of kombu's ``unacked`` hash.
+            unacked_index: The full key of kombu's ``unacked_index`` sorted set.
+
+        Returns:
+            False when the delivery had been handed on (nothing was removed).
+        """
+        held = self.held_key_of(tag)
+        with self._lock:
+            self._holding.pop(tag, None)
+        if held is None:
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.hdel(unacked, tag)
+                pipe.zrem(unacked_index, tag)
+                pipe.execute()
+            return True
+        return bool(self._ack(keys=[held, unacked, unacked_index], args=[tag]))
+
+    def forget(self, tag: str) -> None:
+        """Drop delivery ``tag`` from the local record (restored to its queue)."""
+        with self._lock:
+            self._holding.pop(tag, None)
+
+    def stale_calls(self) -> list[str]:
+        """Task ids whose execution here must stop (another attempt started them)."""
+        with self._lock:
+            calls, self._to_stop = self._to_stop, []
+            return calls
+
+    # --- the lease thread ------------------------------------------------------------
+    def start(self) -> Lease:
+        """Renew (and sweep) every ``refresh`` seconds from a daemon thread."""
+        self._thread = threading.Thread(target=self._run, name="toolfleet-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop renewing (the lease lapses; a worker shutting down acked or restored its
+        calls already)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.refresh + 10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except redis.RedisError as exc:
+                # A cut link: the lease lapses unless the link is back in time.
+                log.debug("lease renewal failed: %r", exc)
+                self.hold_sweeps()
+            except Exception:  # never let the thread die: a dead one looks like a lost worker
+                log.exception("lease renewal failed")
+            self._stop.wait(self.refresh)
+
+    def tick(self) -> list[str]:
+        """Renew once, then sweep once; the task ids this sweep moved back to queues."""
+        ttl_ms = max(1, round(self.ttl * 1000))
+        retention_ms = max(1, round(self.retention * 1000))
+        lease_id = self.id
+        renewed = self._renew(
+            keys=[leases_key(self.key_prefix), held_key(self.key_prefix, lease_id)],
+            args=[lease_id, ttl_ms, "1" if self._first else "0", retention_ms],
+        )
+        self._first = False
+        if not renewed:
+            self._lapsed(lease_id)
+            self.hold_sweeps()
+        if time.monotonic() < self._sweeps_from:
+            return []
+        moved = self._sweep(
+            keys=[
+                leases_key(self.key_prefix),
+                f"{self.broker_prefix}unacked",
+                f"{self.broker_prefix}unacked_index",
+            ],
+            args=[self.key_prefix, max(1, round(self.retention)), SWEEP_BATCH],
+        )
+        calls = [m.decode() if isinstance(m, bytes) else str(m) for m in moved or []]
+        if calls:
+            log.warning(
+                "requeued %d call(s) of a lost or unreachable worker: %s",
+                len(calls),
+                ", ".join(calls),
+            )
+        return calls
+
+    def hold_sweeps(self) -> None:
+        """Sweep no lease for one TTL from now: called when this worker could not renew.
+
+        After an outage of Redis itself (or of this worker's link) every lease looks
+        lapsed; the other workers renew theirs within a refresh of the link coming back,
+        so sweeping only a TTL later hands on the calls of workers still silent then,
+        not those of every worker that was cut off together with this one.
+        """
+        self._sweeps_from = time.monotonic() + self.ttl
+
+    def _lapsed(self, lease_id: str) -> None:
+        """Our lease was swept: every delivery held under it now belongs to the queue."""
+        with self._lock:
+            lost = {tag: task for tag, (lid, task) in self._holding.items() if lid == lease_id}
+            self.id = uuid.uuid4().hex
+            new_id = self.id
+        # Deliveries from now on are held under the new lease: register it at once.
+        self._renew(
+            keys=[leases_key(self.key_prefix), held_key(self.key_prefix, new_id)],
+            args=[new_id, max(1, round(self.ttl * 1000)), "1", round(self.retention * 1000)],
+        )
+        if not lost:
+            log.warning("this worker's lease lapsed while it was unreachable; renewed")
+            return
+        tokens = {
+            task: holding_token(held_key(self.key_prefix, lease_id), tag)
+            for tag, task in lost.items()
+        }
+        fences = self.client.mget([fence_key(self.key_prefix, task) for task in tokens])
+        # A call no other attempt started yet may still store its result here.
+        stale = [
+            task
+            for (task, token), fence in zip(tokens.items(), fences, strict=True)
+            if fence is not None and _text(fence) != token
+        ]
+        log.warning(
+            "this worker's lease lapsed while it was unreachable: its %d call(s) were "
+            "requeued (%s); stopping the %d another worker has started",
+            len(lost),
+            ", ".join(sorted(tokens)),
+            len(stale),
+        )
+        with self._lock:
+            self._to_stop.extend(stale)
+
+
+def queued_copy(raw: dict[str, Any]) -> str:
+    """The message as kombu would queue it again: marked redelivered, JSON."""
+    copy = json.loads(json.dumps(raw))
+    headers = copy.get("headers")
+    if isinstance(headers, dict):
+        headers["redelivered"] = True
+        headers.pop(HOLDING_HEADER, None)
+    properties = copy.get("properties")
+    if isinstance(properties, dict) and isinstance(properties.get("delivery_info"), dict):
+        properties["delivery_info"]["redelivered"] = True
+    return json.dumps(copy)
+
+
+def held_entry(task_id: str, raw: dict[str, Any], queues: list[str]) -> str:
+    """The holdings entry of one delivery: ``[task id, queued copy, queue list keys]``."""
+    return json.dumps([task_id, queued_copy(raw), queues])
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def start_lease(settings: Settings, retention: float) -> Lease | None:
+    """Start this worker process's lease and make the transport hold deliveries under it.
+
+    None (no lease: a lost worker's calls come back after the visibility timeout) when
+    the result backend is another Redis than the broker: the fence of a call is checked
+    against its holding in one script, so both must live in one server.
+
+    Args:
+        settings: The worker's settings (``lease_ttl``, ``lease_refresh``, the broker).
+        retention: Seconds the holdings record outlives a renewal: the visibility timeout.
+    """
+    if settings.broker_is_amqp:
+        # RabbitMQ gives back a lost worker's calls itself, when its connection closes.
+        return None
+    if settings.backend_url != settings.broker_url:
+        log.warning(
+            "the result backend is another Redis than the broker: no worker lease, a lost "
+            "worker's calls come back after the visibility timeout"
+        )
+        return None
+    lease = Lease(
+        redis_client(settings.broker_url, settings),
+        settings.key_prefix,
+        f"{settings.namespace}:" if settings.namespace else "",
+        ttl=settings.lease_ttl,
+        refresh=settings.lease_refresh,
+        retention=retention,
+    )
+    install(lease)
+    return lease.start()
+
+
+def stop_stale_calls(lease: Lease, pool: Any) -> None:
+    """Stop the executions here of calls another attempt started (consumer loop timer)."""
+    stale = set(lease.stale_calls())
+    if not stale:
+        return
+    for request in list(worker_state.active_requests):
+        if request.id in stale:
+            log.warning("stopping call %s: another worker runs it now", request.id)
+            request.terminate(pool, signal="SIGKILL")
+
+
+_current: Lease | None = None
+
+
+def install(lease: Lease | None) -> None:
+    """Make ``lease`` the one this process's transport records deliveries under."""
+    global _current
+    _current = lease
+
+
+def current() -> Lease | None:
+    """The lease of this worker process (None outside a worker, e.g. an orchestrator)."""
+    return _current
