@@ -13,7 +13,14 @@ from typing import Any
 from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
-from tool_workers.protocol import Injected, ToolRequest, ToolSpec, call_key, task_id_for
+from tool_workers.protocol import (
+    Injected,
+    ToolRequest,
+    ToolSpec,
+    TraceContext,
+    call_key,
+    task_id_for,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +39,8 @@ class PreparedCall:
     """Graph context the tool declared it needs."""
     attempt: int = 0
     """0 for the first dispatch; n for the n-th time an outer middleware retries the call."""
+    trace: TraceContext | None = field(default=None, compare=False)
+    """The caller's trace context, taken where the call was made (see orchestrator.tracing)."""
 
     def request(self) -> ToolRequest:
         """The wire request for this call."""
@@ -44,6 +53,7 @@ class PreparedCall:
             run_id=self.run_id,
             injected=self.injected,
             progress=True,
+            trace=self.trace,
         )
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, Literal
 
 from celery import Celery
@@ -15,6 +16,7 @@ from pydantic import ConfigDict, Field
 from orchestrator.calls import PreparedCall
 from orchestrator.dispatch.base import Dispatcher
 from orchestrator.dispatch.fleet import dispatcher_for
+from orchestrator.tracing import dispatch_span, trace_context
 from tool_workers.protocol import ToolResult, ToolSpec, task_id_for
 from tool_workers.settings import Settings
 
@@ -61,13 +63,31 @@ class RemoteTool(BaseTool):
         self, *args: Any, run_manager: CallbackManagerForToolRun | None = None, **kwargs: Any
     ) -> tuple[Any, Any]:
         dispatcher = self.dispatcher or dispatcher_for()
-        return _unpack(dispatcher.wait(self._call(kwargs)))
+        call = self._call(kwargs)
+        with dispatch_span(call) as span:
+            result = dispatcher.wait(_traced(call, run_manager))
+            span.finished_with(result)
+        return _unpack(result)
 
     async def _arun(
         self, *args: Any, run_manager: AsyncCallbackManagerForToolRun | None = None, **kwargs: Any
     ) -> tuple[Any, Any]:
         dispatcher = self.dispatcher or dispatcher_for()
-        return _unpack(await dispatcher.wait_async(self._call(kwargs)))
+        call = self._call(kwargs)
+        with dispatch_span(call) as span:
+            result = await dispatcher.wait_async(_traced(call, run_manager))
+            span.finished_with(result)
+        return _unpack(result)
+
+
+def _traced(
+    call: PreparedCall,
+    run_manager: CallbackManagerForToolRun | AsyncCallbackManagerForToolRun | None,
+) -> PreparedCall:
+    """The call with the trace context of this tool run and the current span."""
+    if run_manager is None:
+        return replace(call, trace=trace_context(None, []))
+    return replace(call, trace=trace_context(run_manager.run_id, run_manager.handlers))
 
 
 def _unpack(result: ToolResult) -> tuple[Any, Any]:

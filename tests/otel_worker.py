@@ -1,7 +1,9 @@
 """A tool module that sets up OpenTelemetry's SDK in the worker, for the tracing tests.
 
 Every finished span is appended as one JSON line to ``TOOLFLEET_TEST_SPANS``, written by
-whichever process ended it (the pool processes inherit the provider).
+whichever process ended it (the pool processes inherit the provider). With
+``TOOLFLEET_TEST_CELERY_OTEL`` set, ``opentelemetry-instrumentation-celery`` traces the
+worker's tasks too.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from langchain_core.tools import tool
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+from tests.support.spans import describe
 
 
 class FileExporter(SpanExporter):
@@ -32,24 +36,15 @@ class FileExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-def describe(span: ReadableSpan) -> dict[str, object]:
-    """A span as the tests compare it: names, ids, attributes and status."""
-    context = span.get_span_context()
-    assert context is not None
-    return {
-        "name": span.name,
-        "trace_id": f"{context.trace_id:032x}",
-        "span_id": f"{context.span_id:016x}",
-        "parent_id": f"{span.parent.span_id:016x}" if span.parent else None,
-        "kind": span.kind.name,
-        "attributes": dict(span.attributes or {}),
-        "status": span.status.status_code.name,
-    }
-
-
 _provider = TracerProvider()
 _provider.add_span_processor(SimpleSpanProcessor(FileExporter(os.environ["TOOLFLEET_TEST_SPANS"])))
 trace.set_tracer_provider(_provider)
+
+if os.environ.get("TOOLFLEET_TEST_CELERY_OTEL"):
+    # The user's Celery instrumentation as well: its task span becomes toolfleet's parent.
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    CeleryInstrumentor().instrument(tracer_provider=_provider)
 
 
 @tool

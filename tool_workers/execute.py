@@ -26,6 +26,7 @@ from tool_workers.context import CallContext, call_scope
 from tool_workers.graph_context import MissingContextError, WorkerGraph, inject, invoke_config
 from tool_workers.protocol import ToolRequest, ToolResult, error_text, timeout_text
 from tool_workers.soft_limit import tool_window
+from tool_workers.trace_parent import parented_config
 from tool_workers.wire_json import NotJSONError, to_wire
 
 TRUNCATION_NOTE = "\n[toolfleet: result truncated from {size} to {limit} bytes]"
@@ -114,7 +115,7 @@ def run_call(
     timing = {**base, "started_at": started}
     try:
         with call_scope(ctx), tool_window(limits.soft_time_limit):
-            output = _invoke(tool, call, config)
+            output = _invoke(tool, call, parented_config(config, request.trace))
     except SoftTimeLimitExceeded:
         return ToolResult.error(
             "timeout",

@@ -27,7 +27,19 @@ from pydantic import (
 )
 
 PROTOCOL_VERSION = 1
-"""Bumped on any incompatible change to ToolRequest or ToolResult."""
+"""Bumped on any incompatible change to ToolRequest or ToolResult.
+
+An optional field added to a version later (``ToolRequest.trace``) does not bump it: the
+sender leaves such a field off the wire while it is unset (:meth:`ToolRequest.to_wire`),
+so a worker of the same version built before the field keeps accepting every request
+that does not use it. Such a worker refuses a request that does use it (its models
+forbid unknown fields), so the workers are upgraded before the orchestrators start
+setting the field (for ``trace``: before tracing is turned on for the orchestrators).
+"""
+
+LATER_REQUEST_FIELDS = frozenset({"trace"})
+"""ToolRequest fields added after protocol version 1 was first released: off the wire
+while unset."""
 
 DEFAULT_QUEUE = "tools"
 """Queue a tool is routed to unless its policy names another."""
@@ -120,6 +132,11 @@ class ToolRequest(BaseModel):
             return handler(value)
         except ValidationError:
             return None
+
+    def to_wire(self) -> dict[str, Any]:
+        """The request as JSON for the wire, the later fields left out while unset."""
+        unset = {name for name in LATER_REQUEST_FIELDS if getattr(self, name) is None}
+        return self.model_dump(mode="json", exclude=unset or None)
 
     @classmethod
     def from_wire(cls, raw: Any) -> ToolRequest:

@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
+from langchain.agents import create_agent
+from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util._once import Once
 
+from orchestrator import CeleryToolMiddleware, discover_tools, dispatcher_for
+from tests.support.fleet import one_turn
+from tests.support.spans import describe
 from tool_workers.app import create_app
 from tool_workers.protocol import ToolRequest, TraceContext, task_name
 from tool_workers.settings import Settings
@@ -142,3 +150,174 @@ def test_trace_headers_round_trip_and_a_bad_one_never_fails_a_call() -> None:
         "trace": {"traceparent": "not-a-traceparent"},
     }
     assert ToolRequest.model_validate(raw).trace is None
+
+
+@pytest.fixture
+def orchestrator_spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
+    """An SDK tracer provider as this process's global one, for this test only."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(otel_trace, "_TRACER_PROVIDER_SET_ONCE", Once())
+    monkeypatch.setattr(otel_trace, "_TRACER_PROVIDER", None)
+    otel_trace.set_tracer_provider(provider)
+    yield exporter
+    provider.shutdown()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_agents_remote_calls_are_dispatch_spans_parenting_the_worker_spans(
+    orchestrator_spans: InMemorySpanExporter,
+    make_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    tmp_path: Path,
+    mode: str,
+) -> None:
+    """Given OpenTelemetry's SDK in the orchestrator and on a prefork worker, when an
+    agent run inside a span fans out two remote calls, sync or async, then each call
+    is a span ``dispatch_tool <tool>`` of that trace (a child of the run's span, with the
+    call's attributes and outcome, nothing of its arguments) and the worker's span of
+    the call is its child: one trace across both processes."""
+    spans_file = tmp_path / "spans.jsonl"
+    settings = make_settings(tool_modules=("tests.fleet_tools", "tests.otel_worker"))
+    worker = start_worker(
+        settings, pool="prefork", concurrency=2, extra_env={"TOOLFLEET_TEST_SPANS": str(spans_file)}
+    )
+    dispatcher = dispatcher_for(settings=settings)
+    tools = discover_tools(dispatcher=dispatcher, require=["traced_step"], wait=10)
+    calls = [("traced_step", {"label": "secret-one"}), ("traced_step", {"label": "secret-two"})]
+    agent = create_agent(
+        one_turn(calls), tools, middleware=[CeleryToolMiddleware(dispatcher=dispatcher)]
+    )
+    payload = {"messages": [("user", "go")]}
+
+    with otel_trace.get_tracer("tests.agent").start_as_current_span("agent run") as outer:
+        state = agent.invoke(payload) if mode == "sync" else asyncio.run(agent.ainvoke(payload))
+
+    assert state["messages"][-1].content == "done: 2 results"
+    trace_id = f"{outer.get_span_context().trace_id:032x}"
+    outer_id = f"{outer.get_span_context().span_id:016x}"
+    dispatches = [
+        describe(span)
+        for span in orchestrator_spans.get_finished_spans()
+        if span.name == "dispatch_tool traced_step"
+    ]
+    assert len(dispatches) == 2
+    for span in dispatches:
+        assert (span["trace_id"], span["parent_id"]) == (trace_id, outer_id)
+        assert span["kind"] == "PRODUCER" and span["status"] == "UNSET"
+        attributes = span["attributes"]
+        assert attributes["toolfleet.tool"] == "traced_step"
+        assert attributes["toolfleet.outcome"] == "success"
+        assert attributes["toolfleet.worker"] == worker.hostname
+        assert attributes["toolfleet.attempt"] == 1
+        assert {"toolfleet.tool_call_id", "toolfleet.task_id"} <= set(attributes)
+        assert "secret" not in json.dumps(span)
+    worker_spans = spans_of(spans_file, expected=4)
+    for dispatch in dispatches:
+        task_id = dispatch["attributes"]["toolfleet.task_id"]
+        (executed,) = [
+            s for s in worker_spans if s["attributes"].get("toolfleet.task_id") == task_id
+        ]
+        assert executed["name"] == "execute_tool traced_step"
+        assert (executed["trace_id"], executed["parent_id"]) == (trace_id, dispatch["span_id"])
+        assert (
+            executed["attributes"]["toolfleet.tool_call_id"]
+            == (dispatch["attributes"]["toolfleet.tool_call_id"])
+        )
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_with_celerys_instrumentation_on_both_sides_the_trace_stays_one(
+    orchestrator_spans: InMemorySpanExporter,
+    make_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    tmp_path: Path,
+    mode: str,
+) -> None:
+    """Given opentelemetry-instrumentation-celery in the orchestrator and on the worker,
+    when an agent run inside a span makes a remote call, sync or async, then the chain is
+    unbroken and every span exported: the run's span, the dispatch span, the
+    instrumentation's publish span, its task span on the worker, toolfleet's
+    execute_tool span, all in one trace."""
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    spans_file = tmp_path / "spans.jsonl"
+    settings = make_settings(tool_modules=("tests.fleet_tools", "tests.otel_worker"))
+    start_worker(
+        settings,
+        pool="prefork",
+        concurrency=1,
+        extra_env={"TOOLFLEET_TEST_SPANS": str(spans_file), "TOOLFLEET_TEST_CELERY_OTEL": "1"},
+    )
+    dispatcher = dispatcher_for(settings=settings)
+    tools = discover_tools(dispatcher=dispatcher, require=["traced_step"], wait=10)
+    agent = create_agent(
+        one_turn([("traced_step", {"label": "x"})]),
+        tools,
+        middleware=[CeleryToolMiddleware(dispatcher=dispatcher)],
+    )
+    payload = {"messages": [("user", "go")]}
+    instrumentor = CeleryInstrumentor()
+    instrumentor.instrument(tracer_provider=otel_trace.get_tracer_provider())
+    try:
+        with otel_trace.get_tracer("tests.agent").start_as_current_span("agent run") as outer:
+            if mode == "sync":
+                agent.invoke(payload)
+            else:
+                asyncio.run(agent.ainvoke(payload))
+    finally:
+        instrumentor.uninstrument()
+
+    mine = {s["name"]: s for s in map(describe, orchestrator_spans.get_finished_spans())}
+    theirs = {s["name"]: s for s in spans_of(spans_file, expected=3)}
+    chain = [
+        mine["agent run"],
+        mine["dispatch_tool traced_step"],
+        mine["apply_async/tools.traced_step"],
+        theirs["run/tools.traced_step"],
+        theirs["execute_tool traced_step"],
+        theirs["inner x"],
+    ]
+    trace_id = f"{outer.get_span_context().trace_id:032x}"
+    assert {span["trace_id"] for span in chain} == {trace_id}
+    for parent, child in itertools.pairwise(chain):
+        assert child["parent_id"] == parent["span_id"], (child["name"], parent["name"])
+
+
+def test_a_remote_tool_invoked_directly_is_a_dispatch_span_parenting_the_worker_span(
+    orchestrator_spans: InMemorySpanExporter,
+    make_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    """Given a schema-only tool from discover_tools, when it is invoked directly (sync
+    and async) inside a span, then each call is a dispatch span of that trace whose
+    child is the worker's span of the call."""
+    spans_file = tmp_path / "spans.jsonl"
+    settings = make_settings(tool_modules=("tests.fleet_tools", "tests.otel_worker"))
+    start_worker(
+        settings, pool="prefork", concurrency=1, extra_env={"TOOLFLEET_TEST_SPANS": str(spans_file)}
+    )
+    dispatcher = dispatcher_for(settings=settings)
+    tools = discover_tools(dispatcher=dispatcher, require=["traced_step"], wait=10)
+    remote = next(t for t in tools if t.name == "traced_step")
+
+    with otel_trace.get_tracer("tests.direct").start_as_current_span("caller") as outer:
+        assert remote.invoke({"label": "sync"}) == "stepped sync"
+        assert asyncio.run(remote.ainvoke({"label": "async"})) == "stepped async"
+
+    trace_id = f"{outer.get_span_context().trace_id:032x}"
+    dispatches = [
+        describe(span)
+        for span in orchestrator_spans.get_finished_spans()
+        if span.name == "dispatch_tool traced_step"
+    ]
+    assert len(dispatches) == 2
+    worker_spans = spans_of(spans_file, expected=4)
+    for dispatch in dispatches:
+        assert dispatch["trace_id"] == trace_id
+        assert dispatch["attributes"]["toolfleet.outcome"] == "success"
+        task = dispatch["attributes"]["toolfleet.task_id"]
+        (executed,) = [s for s in worker_spans if s["attributes"].get("toolfleet.task_id") == task]
+        assert (executed["trace_id"], executed["parent_id"]) == (trace_id, dispatch["span_id"])

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from tool_workers.protocol import (
+    LATER_REQUEST_FIELDS,
     MAX_ID_CHARS,
     PROTOCOL_VERSION,
     TASK_PREFIX,
     ToolRequest,
     ToolResult,
+    TraceContext,
     call_key,
     task_id_for,
     task_name,
@@ -158,3 +161,32 @@ def test_a_worker_refuses_an_overlong_id(field: str) -> None:
     assert refused.value.errors()[0]["loc"] == (field,)
     assert ToolRequest.from_wire({**wire, field: "x" * MAX_ID_CHARS})
     assert ToolRequest.model_validate({**wire, field: "x" * (MAX_ID_CHARS + 1)})
+
+
+def _previous_request_model() -> type[BaseModel]:
+    """ToolRequest as workers built before the later fields validate it (extra forbidden)."""
+    fields: dict[str, Any] = {
+        name: (info.annotation, info)
+        for name, info in ToolRequest.model_fields.items()
+        if name not in LATER_REQUEST_FIELDS
+    }
+    return create_model(
+        "PreviousToolRequest", __config__=ConfigDict(frozen=True, extra="forbid"), **fields
+    )
+
+
+def test_given_untraced_request_when_put_on_the_wire_then_a_previous_worker_accepts_it() -> None:
+    """Given a request without a trace context, then its wire form leaves ``trace`` out,
+    so a worker of the same protocol version built before the field accepts it; a traced
+    one carries it (and such a worker refuses it, which is why workers upgrade first)."""
+    previous = _previous_request_model()
+    plain = request().to_wire()
+    assert "trace" not in plain
+    assert previous.model_validate(plain).model_dump(mode="json") == plain
+    assert ToolRequest.from_wire(plain) == request()
+
+    traced = request(trace=TraceContext(langsmith_trace="20240101T000000000000Z1f0c")).to_wire()
+    assert traced["trace"]["langsmith_trace"] == "20240101T000000000000Z1f0c"
+    assert traced["protocol_version"] == PROTOCOL_VERSION
+    with pytest.raises(ValidationError, match="extra"):
+        previous.model_validate(traced)

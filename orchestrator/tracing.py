@@ -1,0 +1,234 @@
+"""The orchestrator's side of a remote call's trace: what crosses the wire with it.
+
+Each remote call carries a :class:`~tool_workers.protocol.TraceContext` built where the
+call is made (in the Send task's thread, or in its coroutine: an async call is published
+from another thread, which holds no context of the caller's):
+
+- LangSmith: ``langsmith-trace`` and ``baggage`` of the call's own tool run, the one
+  :mod:`orchestrator.callbacks` reports (``RunTree.to_headers()`` of the run the
+  ``LangChainTracer`` among the run's handlers keeps for it). On the worker the tool's
+  body runs as that run (see :mod:`tool_workers.trace_parent`), so what it traces nests
+  under it.
+- OpenTelemetry (with ``opentelemetry-api`` installed, ``toolfleet[otel]``): the call
+  runs inside a span ``dispatch_tool <tool>`` (kind PRODUCER, from the tool run's start
+  to the result), current when ``propagate.inject`` writes ``traceparent`` and
+  ``tracestate``, so the worker's ``execute_tool <tool>`` span is its child. Its
+  attributes are the worker span's: ``toolfleet.tool``, ``toolfleet.tool_call_id``,
+  ``toolfleet.thread_id``, ``toolfleet.run_id``, ``toolfleet.task_id``,
+  ``toolfleet.attempt``, then ``toolfleet.worker`` and ``toolfleet.outcome`` when the
+  result is in, plus ``gen_ai.tool.name`` and ``gen_ai.tool.call.id``; never the
+  arguments or the result.
+
+``opentelemetry-instrumentation-celery`` on the workers takes its parent from the task
+message's headers, so the W3C headers also travel there (:func:`message_headers`), and
+the message is published with the call's context attached (:func:`publishing`). With
+the instrumentation on the orchestrator as well, its publish span
+(``apply_async/tools.<tool>``) is a child of the dispatch span and its own
+``traceparent`` replaces the dispatch span's in the headers. Either way the trace is
+one: dispatch span, (publish span,) the instrumentation's task span, toolfleet's
+``execute_tool`` span.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.callbacks.base import BaseCallbackHandler
+from langchain_core.messages import ToolMessage
+from pydantic import ValidationError
+
+from orchestrator.calls import PreparedCall
+from tool_workers.errors import RunDeadlineExceeded
+from tool_workers.protocol import ToolResult, TraceContext
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+log = logging.getLogger("toolfleet.orchestrator")
+
+SPAN_PREFIX = "dispatch_tool "
+"""The orchestrator's span of a call is named ``dispatch_tool <tool>``."""
+
+W3C_HEADERS = ("traceparent", "tracestate")
+
+
+def langsmith_headers(run_id: Any, handlers: list[BaseCallbackHandler]) -> dict[str, str]:
+    """LangSmith's propagation headers of the tool run ``run_id`` (empty when untraced)."""
+    from langchain_core.tracers.langchain import LangChainTracer
+
+    for handler in handlers:
+        if not isinstance(handler, LangChainTracer):
+            continue
+        tree = handler.run_map.get(str(run_id))
+        if tree is not None and tree.dotted_order and not tree.extra.get("__disabled"):
+            return tree.to_headers()
+    return {}
+
+
+def _otel_headers() -> dict[str, str]:
+    try:
+        from opentelemetry import propagate
+    except ImportError:
+        return {}
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+def trace_context(run_id: Any, handlers: list[BaseCallbackHandler]) -> TraceContext | None:
+    """The context a call carries: its LangSmith tool run's and the current span's.
+
+    Taken in the caller's thread or coroutine. ``None`` when neither is traced.
+    """
+    headers = langsmith_headers(run_id, handlers)
+    for name, value in _otel_headers().items():
+        if name == "baggage" and headers.get("baggage"):
+            # One header, two writers: W3C Baggage entries after LangSmith's own
+            # (``langsmith-*`` keys); each side reads the entries it knows.
+            headers["baggage"] = f"{headers['baggage']},{value}"
+        else:
+            headers[name] = value
+    try:
+        return TraceContext.from_headers(headers)
+    except ValidationError:
+        # An oversized baggage (a run's metadata) must not cost the trace itself.
+        log.warning("trace context too large; sent without its baggage")
+        headers.pop("baggage", None)
+        try:
+            return TraceContext.from_headers(headers)
+        except ValidationError:
+            return None
+
+
+def message_headers(trace: TraceContext | None) -> dict[str, str]:
+    """The W3C headers of ``trace`` for the Celery message (its instrumentation reads them)."""
+    if trace is None:
+        return {}
+    return {k: v for k, v in trace.headers().items() if k in W3C_HEADERS}
+
+
+@contextlib.contextmanager
+def publishing(trace: TraceContext | None) -> Iterator[None]:
+    """The call's OpenTelemetry context attached while its message is published.
+
+    The publishing thread is not the caller's; an instrumented publish (Celery's
+    ``before_task_publish``) then starts its span under the call's dispatch span.
+    """
+    if trace is None or trace.traceparent is None:
+        yield
+        return
+    try:
+        from opentelemetry import context, propagate
+    except ImportError:
+        yield
+        return
+    token = context.attach(propagate.extract(trace.headers()))
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+class DispatchSpan:
+    """The orchestrator's span of one call (a no-op without OpenTelemetry)."""
+
+    def __init__(self, span: Span | None) -> None:
+        self._span = span
+
+    def finished(self, output: Any) -> None:
+        """Record the call's outcome (and the worker that ran it) from its ToolMessage."""
+        meta = output.response_metadata.get("toolfleet") if isinstance(output, ToolMessage) else {}
+        meta = meta or {}
+        self._record(meta.get("error_kind"), meta.get("worker"), meta.get("task_id"))
+
+    def finished_with(self, result: ToolResult) -> None:
+        """Record the call's outcome from its result (a tool invoked directly)."""
+        self._record(result.error_kind, result.worker, None)
+
+    def _record(self, error_kind: Any, worker: Any, task_id: Any) -> None:
+        if self._span is None:
+            return
+        outcome = str(error_kind or "success")
+        self._span.set_attributes(
+            _attributes(
+                {
+                    # An edited or retried call ends under a task id of its own.
+                    "toolfleet.task_id": task_id,
+                    "toolfleet.worker": worker,
+                    "toolfleet.outcome": outcome,
+                }
+            )
+        )
+        if outcome != "success":
+            self._set_error(outcome)
+
+    def failed(self, exc: BaseException) -> None:
+        """Record a call that ended with an exception (a deadline, a cancellation)."""
+        if self._span is None:
+            return
+        if isinstance(exc, asyncio.CancelledError):
+            outcome = "cancelled"
+        elif isinstance(exc, RunDeadlineExceeded):
+            outcome = "deadline"
+        else:
+            outcome = "failure"
+        self._span.set_attribute("toolfleet.outcome", outcome)
+        self._set_error(outcome)
+
+    def _set_error(self, description: str) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        assert self._span is not None
+        self._span.set_status(Status(StatusCode.ERROR, description))
+
+
+@contextlib.contextmanager
+def dispatch_span(call: PreparedCall) -> Iterator[DispatchSpan]:
+    """A current span ``dispatch_tool <tool>`` around a remote call, when OpenTelemetry
+    is installed; what records its outcome (an exception leaving the block records its
+    own: ``deadline``, ``cancelled`` or ``failure``)."""
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        yield DispatchSpan(None)
+        return
+    tracer = trace.get_tracer("toolfleet.orchestrator")
+    attributes = _attributes(
+        {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": call.tool,
+            "gen_ai.tool.call.id": call.call_id,
+            "toolfleet.tool": call.tool,
+            "toolfleet.tool_call_id": call.call_id,
+            "toolfleet.thread_id": call.thread_id,
+            "toolfleet.run_id": call.run_id,
+            "toolfleet.task_id": call.task_id,
+            "toolfleet.attempt": call.attempt + 1,
+        }
+    )
+    with tracer.start_as_current_span(
+        f"{SPAN_PREFIX}{call.tool}",
+        kind=trace.SpanKind.PRODUCER,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        recorder = DispatchSpan(span)
+        try:
+            yield recorder
+        except BaseException as exc:
+            recorder.failed(exc)
+            raise
+
+
+def _attributes(values: dict[str, Any]) -> dict[str, str | int]:
+    """Span attributes as the worker's span has them: strings and ints, unset ones left out."""
+    return {
+        key: value if isinstance(value, int) else str(value)
+        for key, value in values.items()
+        if value is not None and value != ""
+    }
