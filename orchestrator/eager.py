@@ -11,6 +11,10 @@ edits of LangChain's human-in-the-loop middleware (batched mode) are applied fir
 
 from __future__ import annotations
 
+import collections
+import hashlib
+import json
+import logging
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -20,9 +24,18 @@ from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import AIMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
-from orchestrator.calls import PreparedCall, answered_ids, message_scope, prepare_raw
+from orchestrator.calls import (
+    PreparedCall,
+    answered_ids,
+    message_scope,
+    owning_message,
+    prepare_raw,
+)
+from orchestrator.dispatch.base import Dispatcher
+from orchestrator.events import ToolCallEvents
 from orchestrator.injection import injected_for
-from tool_workers.protocol import ToolSpec
+from orchestrator.placement import PlacementRules
+from tool_workers.protocol import ToolSpec, task_id_for
 from tool_workers.wire_json import NotJSONError
 
 SAFE_OUTER = frozenset({"ToolRetryMiddleware", "ToolErrorMiddleware"})
@@ -115,3 +128,68 @@ def pending_siblings(
         sibling = prepare_raw(tool_call, spec, call.thread_id, call.run_id, scope)
         siblings.append(replace(sibling, injected=injected))
     return siblings
+
+
+log = logging.getLogger("toolfleet.orchestrator")
+
+EAGER_MEMORY = 4096
+"""AIMessages whose calls were already published, remembered to skip re-publishing (and
+calls answered, remembered to tell an outer middleware's retry)."""
+
+
+class EagerFanOut:
+    """The sync fan-out of one middleware: the first call of an AIMessage publishes its
+    siblings; a call that arrives edited after that goes out under a task id of its own."""
+
+    def __init__(
+        self, me: AgentMiddleware[Any, Any], dispatcher: Dispatcher, rules: PlacementRules
+    ) -> None:
+        self._me = me
+        self._dispatcher = dispatcher
+        self._rules = rules
+        self._published: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def publish_siblings(
+        self, request: ToolCallRequest, call: PreparedCall, events: ToolCallEvents
+    ) -> None:
+        """Publish every pending call of ``call``'s AIMessage, once per AIMessage."""
+        message = owning_message(request.state, call.call_id)
+        if message is None:
+            return
+        marker = f"{call.thread_id}\x1f{message_scope(request, message)}"
+        if marker in self._published:
+            return
+        self._published[marker] = None
+        while len(self._published) > EAGER_MEMORY:
+            self._published.popitem(last=False)
+        safe, apply_edits = eager_is_safe(self._me)
+        if not safe:
+            log.info("middleware outside toolfleet's may gate or edit calls: no eager fan-out")
+            return
+        served = self._dispatcher.served_tools()
+        tools = {t.name: t for t in (getattr(request.runtime, "tools", None) or [])}
+
+        def remote(name: str) -> bool:
+            return self._rules.decide(name, tools.get(name), served)[0] == "remote"
+
+        edits = hitl_edits(request.state) if apply_edits else None
+        siblings = pending_siblings(request, message, call, served, remote, edits)
+        events.track(siblings)
+        self._dispatcher.submit(siblings, events.on_state)
+
+    def reconcile(self, call: PreparedCall) -> PreparedCall:
+        """A call that reached the middleware edited (by an outer middleware) is not the
+        one published: revoke that one; the edited call goes out under a task id of its
+        own, with the same graph context and attempt."""
+        published = self._dispatcher.submitted(call.task_id)
+        if published is None or published.args == call.args:
+            return call
+        log.warning(
+            "call %s to %s was edited after it was published eagerly; revoking the published "
+            "one (pass eager_dispatch=False when a middleware edits calls)",
+            call.call_id,
+            call.tool,
+        )
+        self._dispatcher.cancel([published])
+        digest = hashlib.sha256(json.dumps(call.args, sort_keys=True).encode()).hexdigest()[:16]
+        return replace(call, task_id=task_id_for(f"{call.task_id}\x1fedit:{digest}"))

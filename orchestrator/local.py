@@ -16,9 +16,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -51,6 +52,23 @@ def delete_keys(url: str, pattern: str) -> int:
     finally:
         client.close()
     return deleted
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold SIGINT for the block: a Ctrl-C during it is raised as KeyboardInterrupt when
+    the block ends, not in its middle (main thread only; elsewhere a plain block)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -265,9 +283,17 @@ class WorkerProcess:
         if self.log_file is not None:
             self._log = open(self.log_file, "ab")  # noqa: SIM115 - closed in stop()
         out = self._log if self._log is not None else subprocess.DEVNULL
-        self.process = subprocess.Popen(
-            self.command(), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        # A Ctrl-C between the fork and Popen's return would leave a process nobody
+        # knows the pid of (it runs in a session of its own, out of the terminal's reach):
+        # the interrupt is held until the process is recorded, then raised.
+        with interrupts_held():
+            self.process = subprocess.Popen(
+                self.command(),
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         return self
 
     def wait_ready(self, timeout: float = 60.0) -> None:
@@ -276,7 +302,7 @@ class WorkerProcess:
         Raises:
             RuntimeError: the worker exited or was not ready within ``timeout`` seconds.
         """
-        client = redis_client(self.settings.broker_url, self.settings)
+        client = redis_client(self.settings.own_redis_url, self.settings)
         key = worker_registry_key(self.settings.key_prefix, self.hostname)
         deadline = time.monotonic() + timeout
         try:

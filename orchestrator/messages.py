@@ -93,8 +93,11 @@ def invalid_json_text(name: Any, error: Any, args: Any) -> str:
 
 
 def not_completed_text(name: str, reason: str) -> str:
-    """A call a stopped run left without an answer."""
-    return f"Error: the call to '{name}' did not complete: {reason}."
+    """A call a stopped run left without an answer (it may have been sent, and run)."""
+    return (
+        f"Error: no result of the call to '{name}' arrived: {reason}. It may have run, in "
+        "part or in full: check whether it took effect before calling it again."
+    )
 
 
 # -- texts of results the orchestrator writes for calls that never returned --------------
@@ -147,8 +150,19 @@ def unreadable_text(tool: str, detail: str) -> str:
 def worker_lost_text(tool: str, detail: str) -> str:
     """A call whose worker died and which could not be run again."""
     return (
-        f"Error: the worker running '{tool}' stopped ({detail}) and the call could not be "
-        f"run again.{FIX}"
+        f"Error: the worker running '{tool}' stopped ({detail}) before the call finished, "
+        "and the call was not run again. It may have run in part: check whether it took "
+        "effect before calling it again."
+    )
+
+
+def undelivered_text(tool: str, detail: str) -> str:
+    """A call whose worker lost its link to Redis and could not store the call's result."""
+    return (
+        f"Error: the worker running '{tool}' lost its connection to Redis ({detail}) and "
+        "could not deliver the call's result. The tool may have run, in part or in full, "
+        "and the call was not retried: check whether it took effect before calling it "
+        "again."
     )
 
 

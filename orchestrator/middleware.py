@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -36,11 +34,11 @@ from langgraph.types import Command
 
 from orchestrator.callbacks import aend_tool_run, astart_tool_run, end_tool_run, start_tool_run
 from orchestrator.calllog import log_finished
-from orchestrator.calls import PreparedCall, message_scope, owning_message, prepare
+from orchestrator.calls import PreparedCall, prepare
 from orchestrator.deadline import remaining, run_deadline
 from orchestrator.dispatch.base import Dispatcher
 from orchestrator.dispatch.fleet import dispatcher_for
-from orchestrator.eager import eager_is_safe, hitl_edits, pending_siblings
+from orchestrator.eager import EAGER_MEMORY, EagerFanOut
 from orchestrator.events import ToolCallEvents
 from orchestrator.injection import command_from, injected_for
 from orchestrator.messages import (
@@ -53,14 +51,12 @@ from orchestrator.messages import (
 )
 from orchestrator.offering import ToolOffer
 from orchestrator.placement import Placement, PlacementRules, describe
+from orchestrator.tracing import dispatch_span, trace_context
 from tool_workers.errors import ResultTimeout, RunDeadlineExceeded
 from tool_workers.protocol import ToolResult, ToolSpec, task_id_for
 from tool_workers.wire_json import NotJSONError
 
 log = logging.getLogger("toolfleet.orchestrator")
-
-_EAGER_MEMORY = 4096
-"""AIMessages whose calls were already published, remembered to skip re-publishing."""
 
 _POLL = 0.25
 """Seconds between registry reads while a call waits for a worker serving its tool."""
@@ -124,11 +120,11 @@ class CeleryToolMiddleware(AgentMiddleware):
         settings = self._dispatcher.settings
         self.unserved_wait = settings.unserved_wait if unserved_wait is None else unserved_wait
         self.rules = PlacementRules(placement, configured=self._dispatcher.policies.tools)
-        self._published: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._delivered: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._retry_of: dict[str, str] = {}
         self._placements_seen: set[frozenset[str]] = set()
         self._offer = ToolOffer(self._dispatcher) if discover else None
+        self._eager = EagerFanOut(self, self._dispatcher, self.rules)
 
     @property
     def dispatcher(self) -> Dispatcher:
@@ -202,11 +198,14 @@ class CeleryToolMiddleware(AgentMiddleware):
         if isinstance(route, ToolMessage):
             return route
         run = start_tool_run(request, route)
-        try:
-            output = self._run_remote(request, route)
-        except BaseException as exc:
-            run.on_tool_error(exc, tool_call_id=route.call_id)
-            raise
+        with dispatch_span(route) as span:
+            route = replace(route, trace=trace_context(run.run_id, run.handlers))
+            try:
+                output = self._run_remote(request, route)
+            except BaseException as exc:
+                run.on_tool_error(exc, tool_call_id=route.call_id)
+                raise
+            span.finished(output)
         end_tool_run(run, route, output)
         return output
 
@@ -214,9 +213,11 @@ class CeleryToolMiddleware(AgentMiddleware):
         self, request: ToolCallRequest, call: PreparedCall
     ) -> ToolMessage | Command[Any]:
         events = ToolCallEvents(request)
-        if self.eager_dispatch and call.attempt == 0:
-            self._publish_siblings(request, call, events)
-            call = self._reconcile(call)
+        # A traced call's siblings are not published ahead: each carries the trace
+        # context of its own tool run and span, which exist once its Send task runs.
+        if self.eager_dispatch and call.attempt == 0 and call.trace is None:
+            self._eager.publish_siblings(request, call, events)
+            call = self._eager.reconcile(call)
         events.track([call])
         deadline = run_deadline(request)
         if _passed(deadline):
@@ -251,11 +252,15 @@ class CeleryToolMiddleware(AgentMiddleware):
         if isinstance(route, ToolMessage):
             return route
         run = await astart_tool_run(request, route)
-        try:
-            output = await self._arun_remote(request, route)
-        except BaseException as exc:
-            await run.on_tool_error(exc, tool_call_id=route.call_id)
-            raise
+        with dispatch_span(route) as span:
+            # Taken here, in the call's coroutine: the publishing thread has no context.
+            route = replace(route, trace=trace_context(run.run_id, run.handlers))
+            try:
+                output = await self._arun_remote(request, route)
+            except BaseException as exc:
+                await run.on_tool_error(exc, tool_call_id=route.call_id)
+                raise
+            span.finished(output)
         await aend_tool_run(run, route, output)
         return output
 
@@ -357,7 +362,7 @@ class CeleryToolMiddleware(AgentMiddleware):
         key = self._retry_of.pop(call.task_id, call.task_id)
         self._delivered[key] = self._delivered.get(key, 0) + 1
         self._delivered.move_to_end(key)
-        while len(self._delivered) > _EAGER_MEMORY:
+        while len(self._delivered) > EAGER_MEMORY:
             self._delivered.popitem(last=False)
         if result.command is not None:
             return command_from(result.command, call.tool, call.call_id)
@@ -378,50 +383,6 @@ class CeleryToolMiddleware(AgentMiddleware):
         return self.after_model(state, runtime)
 
     # -- helpers --------------------------------------------------------------------------
-
-    def _publish_siblings(
-        self, request: ToolCallRequest, call: PreparedCall, events: ToolCallEvents
-    ) -> None:
-        message = owning_message(request.state, call.call_id)
-        if message is None:
-            return
-        marker = f"{call.thread_id}\x1f{message_scope(request, message)}"
-        if marker in self._published:
-            return
-        self._published[marker] = None
-        while len(self._published) > _EAGER_MEMORY:
-            self._published.popitem(last=False)
-        safe, apply_edits = eager_is_safe(self)
-        if not safe:
-            log.info("middleware outside toolfleet's may gate or edit calls: no eager fan-out")
-            return
-        served = self._dispatcher.served_tools()
-        tools = {t.name: t for t in (getattr(request.runtime, "tools", None) or [])}
-
-        def remote(name: str) -> bool:
-            return self.rules.decide(name, tools.get(name), served)[0] == "remote"
-
-        edits = hitl_edits(request.state) if apply_edits else None
-        siblings = pending_siblings(request, message, call, served, remote, edits)
-        events.track(siblings)
-        self._dispatcher.submit(siblings, events.on_state)
-
-    def _reconcile(self, call: PreparedCall) -> PreparedCall:
-        """A call that reached us edited (by an outer middleware) is not the one published:
-        revoke that one; the edited call goes out under a task id of its own, with the
-        same graph context and attempt."""
-        published = self._dispatcher.submitted(call.task_id)
-        if published is None or published.args == call.args:
-            return call
-        log.warning(
-            "call %s to %s was edited after it was published eagerly; revoking the published "
-            "one (pass eager_dispatch=False when a middleware edits calls)",
-            call.call_id,
-            call.tool,
-        )
-        self._dispatcher.cancel([published])
-        digest = hashlib.sha256(json.dumps(call.args, sort_keys=True).encode()).hexdigest()[:16]
-        return replace(call, task_id=task_id_for(f"{call.task_id}\x1fedit:{digest}"))
 
 
 def _passed(deadline: float | None) -> bool:

@@ -25,6 +25,21 @@ def pending_calls(state: dict[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
+def answered_calls(state: dict[str, Any]) -> list[ToolMessage]:
+    """The ToolMessages that answer calls of the last AIMessage.
+
+    A stopped run's state shows the results of the calls that finished before it stopped
+    (LangGraph keeps them as the step's pending writes), but writing the other answers
+    starts a new step without them: :func:`close_pending_calls` writes them again
+    (``add_messages`` replaces a message already in state by its id, so nothing doubles).
+    """
+    messages = state.get("messages") or []
+    for index in range(len(messages) - 1, -1, -1):
+        if isinstance(messages[index], AIMessage):
+            return [m for m in messages[index + 1 :] if isinstance(m, ToolMessage)]
+    return []
+
+
 def close_pending_calls(
     graph: Any, config: dict[str, Any], reason: str = "the run was cancelled"
 ) -> list[ToolMessage]:
@@ -38,9 +53,11 @@ def close_pending_calls(
     Returns:
         The ToolMessages written (none if nothing was pending).
     """
-    answers = answer_pending(pending_calls(graph.get_state(config).values), reason)
+    values = graph.get_state(config).values
+    answers = answer_pending(pending_calls(values), reason)
     if answers:
-        graph.update_state(config, {"messages": answers}, as_node="tools")
+        update = [*answered_calls(values), *answers]
+        graph.update_state(config, {"messages": update}, as_node="tools")
     return answers
 
 
@@ -48,7 +65,9 @@ async def aclose_pending_calls(
     graph: Any, config: dict[str, Any], reason: str = "the run was cancelled"
 ) -> list[ToolMessage]:
     """Async flavour of :func:`close_pending_calls`."""
-    answers = answer_pending(pending_calls((await graph.aget_state(config)).values), reason)
+    values = (await graph.aget_state(config)).values
+    answers = answer_pending(pending_calls(values), reason)
     if answers:
-        await graph.aupdate_state(config, {"messages": answers}, as_node="tools")
+        update = [*answered_calls(values), *answers]
+        await graph.aupdate_state(config, {"messages": update}, as_node="tools")
     return answers

@@ -16,15 +16,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import json
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis
@@ -32,16 +28,17 @@ from celery import Celery
 
 from orchestrator.calls import PreparedCall
 from orchestrator.dispatch.base import PlacementTable
+from orchestrator.dispatch.batches import Publications
 from orchestrator.dispatch.listener import ResultListener
 from orchestrator.dispatch.outcome import result_from_meta
 from orchestrator.dispatch.publish import Publisher
-from orchestrator.dispatch.registry import RegistryView
+from orchestrator.dispatch.registry import RegistryView, note_placement
 from orchestrator.dispatch.timings import CallTimings
 from orchestrator.dispatch.watch import StateCallback
 from orchestrator.messages import hung_text
 from tool_workers.connections import redis_client, redis_connection_kwargs, socket_options
-from tool_workers.errors import ConfigError, DispatchError, ResultTimeout
-from tool_workers.protocol import ToolResult, ToolSpec, placement_key, reply_channel, revoked_key
+from tool_workers.errors import ConfigError, ResultTimeout
+from tool_workers.protocol import ToolResult, ToolSpec, reply_channel, revoked_key
 from tool_workers.settings import Settings, ToolPolicies
 
 log = logging.getLogger("toolfleet.dispatch")
@@ -54,25 +51,24 @@ CHECK_INTERVAL = 5.0
 ORPHAN_GRACE = 300.0
 """Seconds a finished call published eagerly may wait for its Send task to collect it."""
 
-PLACEMENT_TTL = 3600
-"""Seconds a published tool placement is kept (``toolfleet status`` shows it)."""
-
-
-@dataclass
-class _Batch:
-    done: asyncio.Future[None]
-    calls: list[PreparedCall] = field(default_factory=list)
-
 
 class CeleryDispatcher:
     """Publishes calls as Celery tasks and waits on the result backend's pub/sub."""
 
-    def __init__(self, app: Celery, settings: Settings) -> None:
+    def __init__(self, app: Celery, settings: Settings, *, owns_app: bool = False) -> None:
+        """
+        Args:
+            app: The Celery app calls are published with.
+            settings: This process's settings.
+            owns_app: Close ``app`` with this dispatcher (its broker connections are the
+                dispatcher's own either way, and closed with it).
+        """
         self.app = app
         self.settings = settings
+        self._owns_app = owns_app
         self.policies = _read_policies(settings)
         self._redis = redis_client(settings.backend_url, settings)
-        self._registry = RegistryView(redis_client(settings.broker_url, settings), settings)
+        self._registry = RegistryView(redis_client(settings.own_redis_url, settings), settings)
         channel = reply_channel(settings.key_prefix, uuid.uuid4().hex)
         self._publisher = Publisher(app, settings, self._redis, reply_to=channel)
         self.listener = ResultListener(
@@ -85,19 +81,22 @@ class CeleryDispatcher:
         self._futures: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}
         self._calls: dict[str, PreparedCall] = {}
         self._finished_at: dict[str, float] = {}
-        # Async batches publish from their own threads: never the event loop, and never
-        # the default executor, where they would queue behind unrelated work.
-        self._publish_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2, thread_name_prefix="toolfleet-publish"
-        )
+        self._publications = Publications(self._publisher, self.listener, settings, self._forget)
         # Blocking round trips of async callers (registry reads, revokes, ownership
         # checks): threads of their own, so they never wait behind a publication.
         self._io_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="toolfleet-io"
         )
-        self._batches: dict[asyncio.AbstractEventLoop, _Batch] = {}
-        self.timings: CallTimings | None = None
+        self._timings: CallTimings | None = None
+
+    @property
+    def timings(self) -> CallTimings | None:
         """Set to time this process's calls (``toolfleet serve``'s ``/metrics``)."""
+        return self._timings
+
+    @timings.setter
+    def timings(self, timings: CallTimings | None) -> None:
+        self._timings = self._publications.timings = timings
 
     async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._io_pool, fn, *args)
@@ -110,8 +109,8 @@ class CeleryDispatcher:
 
     async def served_tools_async(self, *, fresh: bool = False) -> Mapping[str, ToolSpec]:
         """:meth:`served_tools`; a read that must go to Redis runs off the event loop."""
-        if not fresh and not self._registry.stale:
-            return self._registry.tools()
+        if not fresh and self._registry.read_once:
+            return self._registry.tools()  # a stale map is refreshed in the background
         return await self._off_loop(functools.partial(self._registry.tools, fresh=fresh))
 
     def registry(self) -> RegistryView:
@@ -120,11 +119,7 @@ class CeleryDispatcher:
 
     def note_placement(self, table: PlacementTable) -> None:
         """Publish an agent's tool placement for ``toolfleet status`` (best effort)."""
-        key = placement_key(self.settings.key_prefix, socket.gethostname(), os.getpid())
-        try:
-            self._redis.set(key, _placement_record(table), ex=PLACEMENT_TTL)
-        except redis.RedisError as exc:
-            log.warning("could not publish the tool placement: %r", exc)
+        note_placement(self._redis, self.settings.key_prefix, table)
 
     async def note_placement_async(self, table: PlacementTable) -> None:
         """:meth:`note_placement` off the event loop."""
@@ -140,7 +135,7 @@ class CeleryDispatcher:
         """
         fresh = self._watch(calls, on_state)
         if fresh:
-            self._publish(fresh)
+            self._publications.publish(fresh)
 
     def submitted(self, task_id: str) -> PreparedCall | None:
         """The call published under ``task_id`` that this process still waits on."""
@@ -148,10 +143,8 @@ class CeleryDispatcher:
             return self._calls.get(task_id)
 
     async def submit_async(self, call: PreparedCall, on_state: StateCallback | None = None) -> None:
-        """Publish ``call`` together with every call submitted in the same loop turns.
-
-        The Send tasks of one superstep start in the same turn of the event loop; waiting
-        two turns before publishing lets a whole fan-out go out as one batch.
+        """Publish ``call`` together with every call submitted in the same loop turns
+        (:class:`~orchestrator.dispatch.batches.Publications`).
 
         Raises:
             DispatchError: the broker refused the messages.
@@ -160,33 +153,7 @@ class CeleryDispatcher:
             await self._off_loop(self.listener.start)  # waits for the thread: not here
         if not self._watch([call], on_state):
             return
-        loop = asyncio.get_running_loop()
-        batch = self._batches.get(loop)
-        if batch is None:
-            batch = _Batch(loop.create_future())
-            self._batches[loop] = batch
-            loop.call_soon(self._flush_batch, loop, batch, 2)
-        batch.calls.append(call)
-        await asyncio.shield(batch.done)
-
-    def _flush_batch(self, loop: asyncio.AbstractEventLoop, batch: _Batch, turns: int) -> None:
-        if turns > 0:
-            loop.call_soon(self._flush_batch, loop, batch, turns - 1)
-            return
-        if self._batches.get(loop) is batch:
-            del self._batches[loop]
-        published = loop.run_in_executor(self._publish_pool, self._publish, batch.calls)
-
-        def _done(fut: asyncio.Future[None]) -> None:
-            if batch.done.done():
-                return
-            exc = fut.exception()
-            if exc is not None:
-                batch.done.set_exception(exc)
-            else:
-                batch.done.set_result(None)
-
-        published.add_done_callback(_done)
+        await self._publications.join(call)
 
     def _watch(
         self, calls: Sequence[PreparedCall], on_state: StateCallback | None
@@ -197,8 +164,9 @@ class CeleryDispatcher:
             fresh = [c for c in calls if c.task_id not in self._futures]
             if not fresh:
                 return []
-            if self.timings is not None:
-                on_state = self.timings.observing(on_state)
+            self._publications.publishing_again(c.task_id for c in fresh)
+            if self._timings is not None:
+                on_state = self._timings.observing(on_state)
             # Published with this process's reply channel: no channel per call.
             futures = self.listener.watch([c.task_id for c in fresh], on_state, subscribe=False)
             self._futures.update(futures)
@@ -217,25 +185,10 @@ class CeleryDispatcher:
         horizon = time.monotonic() - ORPHAN_GRACE
         with self._lock:
             stale = [t for t, at in self._finished_at.items() if at < horizon]
+        self._publications.forget_older_than(horizon)
         for task_id in stale:
             log.info("dropping uncollected result of call %s", task_id)
             self._forget(task_id)
-
-    def _publish(self, calls: Sequence[PreparedCall]) -> None:
-        try:
-            if not self.listener.wait_ready():
-                raise DispatchError("the result listener could not subscribe its reply channel")
-            if self.timings is not None:
-                self.timings.publishing(calls)
-            attached = self._publisher.publish(calls)
-            if attached:
-                # Published by someone else, with their reply channel: watch these on the
-                # calls' own channels.
-                self.listener.subscribe([c.task_id for c in attached])
-        except Exception as exc:
-            for call in calls:
-                self._forget(call.task_id)
-            raise DispatchError(f"could not publish {len(calls)} tool call(s): {exc!r}") from exc
 
     # -- waiting --------------------------------------------------------------------------
 
@@ -357,8 +310,8 @@ class CeleryDispatcher:
         return ToolResult.error("hung", hung_text(call.tool, idle))
 
     def _forget(self, task_id: str) -> None:
-        if self.timings is not None:
-            self.timings.forget(task_id)
+        if self._timings is not None:
+            self._timings.forget(task_id)
         with self._lock:
             self._calls.pop(task_id, None)
             self._finished_at.pop(task_id, None)
@@ -387,6 +340,9 @@ class CeleryDispatcher:
             await asyncio.shield(asyncio.wrap_future(revoking))
 
     def _revoke(self, ids: list[str], terminate: bool) -> None:
+        ids = self._publications.revocable(ids)  # a call not published has nothing to revoke
+        if not ids:
+            return
         # Recorded before the broadcast: a worker that misses the broadcast (down, or
         # started later) reads this before it starts the call, and does not run it.
         try:
@@ -414,20 +370,17 @@ class CeleryDispatcher:
     def close(self) -> None:
         """Stop the result listener and drop connections."""
         self.listener.close()
-        self._publish_pool.shutdown(wait=False)
+        self._registry.close()
+        self._publications.shutdown()
         self._io_pool.shutdown(wait=False)
         self._redis.close()
+        self._publisher.close()
+        if self._owns_app:
+            self.app.close()
 
 
 def _deadline(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
-
-
-def _placement_record(table: PlacementTable) -> str:
-    """The JSON an orchestrator publishes (read by ``toolfleet status``)."""
-    return json.dumps(
-        {"host": socket.gethostname(), "pid": os.getpid(), "at": time.time(), "tools": table}
-    )
 
 
 def _read_policies(settings: Settings) -> ToolPolicies:

@@ -33,7 +33,10 @@ def dispatcher_for(app: Celery | None = None, settings: Settings | None = None) 
     with _lock:
         dispatcher = _dispatchers.get(key)
         if dispatcher is None or (app is not None and dispatcher.app is not app):
-            dispatcher = CeleryDispatcher(app or create_app(settings), settings)
+            if app is None:
+                dispatcher = CeleryDispatcher(create_app(settings), settings, owns_app=True)
+            else:
+                dispatcher = CeleryDispatcher(app, settings)
             _dispatchers[key] = dispatcher
         return dispatcher
 

@@ -145,6 +145,11 @@ class ResultListener:
         if channels:
             self._send("subscribe", channels)
 
+    @property
+    def ready(self) -> bool:
+        """Whether the reply channel is subscribed now (see :meth:`wait_ready`)."""
+        return self.reply_channel is None or self._reply_ready.is_set()
+
     def wait_ready(self, timeout: float = 10.0) -> bool:
         """Block until the reply channel is subscribed (nothing published to it is lost)."""
         self._ensure_started()

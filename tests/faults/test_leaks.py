@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 import pytest
 import redis
 from langchain.agents import create_agent
@@ -19,6 +20,7 @@ from orchestrator import (
     dispatcher_for,
     with_deadline,
 )
+from orchestrator.dispatch.fleet import close_all
 from tests.support.fleet import one_turn, started_calls
 from tool_workers.settings import Settings
 
@@ -78,3 +80,36 @@ def test_no_subscriptions_futures_or_unexpiring_keys_remain(
         client.close()
     assert keys
     assert lasting == []
+
+
+def _connections_to(port: int) -> set[tuple[str, int]]:
+    """This process's open TCP connections to ``port`` (their local addresses)."""
+    return {
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+    }
+
+
+def test_closing_the_dispatchers_closes_every_connection_they_opened(
+    fault_settings: Callable[..., Settings], start_worker: Callable[..., Any]
+) -> None:
+    """Given a process-wide dispatcher that published and waited on sync and async calls,
+    when the dispatchers are closed, then none of the connections it opened (registry,
+    results, its Celery app's broker pool) is left open for the garbage collector."""
+    settings = fault_settings()
+    start_worker(settings, pool="threads", concurrency=4)
+    port = int(settings.broker_url.rsplit(":", 1)[1].split("/")[0])
+    before = _connections_to(port)
+    dispatcher = dispatcher_for(settings=settings)
+    tools = discover_tools(dispatcher=dispatcher, require=["sleep_for"], wait=15)
+    fan_out = [("sleep_for", {"seconds": 0.1, "label": str(i)}) for i in range(4)]
+    agent = create_agent(
+        one_turn(fan_out), tools, middleware=[CeleryToolMiddleware(dispatcher=dispatcher)]
+    )
+    agent.invoke({"messages": [("user", "go")]})
+    assert _connections_to(port) - before, "the dispatcher opened no connection"
+
+    close_all()
+
+    assert _connections_to(port) - before == set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -188,9 +189,11 @@ def test_each_call_is_one_task(fleet: Settings, counter: Any) -> None:
         one_turn(calls), tools, middleware=[CeleryToolMiddleware(dispatcher=dispatcher)]
     )
 
+    before = effects(counter, fleet, "touch")  # the shared fleet counts every test's calls
     state = run(agent, "sync")
 
-    runs = effects(counter, fleet, "touch")
+    after = effects(counter, fleet, "touch")
+    runs = {key: n - before.get(key, 0) for key, n in after.items() if n != before.get(key)}
     assert len(runs) == 15
     assert set(runs.values()) == {1}
     assert all("(run 1)" in m.content for m in tool_messages(state))
@@ -230,3 +233,48 @@ def test_tool_call_events_stream_live(fleet: Settings, mode: str) -> None:
         assert started["worker"].startswith("tf-shared-")
         finished = next(e for e in seen if e["event"] == "finished")
         assert finished["status"] == "success" and finished["duration"] >= 0.3
+
+
+def test_async_runs_publish_on_the_event_loop_once_the_queue_is_known(fleet: Settings) -> None:
+    """Given a dispatcher whose first run published from its threads (blocking: it
+    connected and declared the queue), when later async runs fan out, then every one of
+    their calls is published on the event loop itself, no publishing thread involved,
+    and every call is answered (with the blocking-call detector on).
+
+    A fan-out is batched by loop turns, so its calls may go out in more than one script
+    when their hooks reach the dispatcher turns apart (a callback handler that hops to
+    an executor, a registry read): only where they are published is asserted."""
+    dispatcher = dispatcher_for(settings=fleet)
+    publisher = dispatcher._publisher
+    threads: list[tuple[int, str]] = []
+    on_loop: list[tuple[int, int]] = []
+    blocking, native = publisher.publish, publisher.publish_async
+    phase = {"run": 0}
+
+    def counted(calls: Any) -> Any:
+        threads.append((phase["run"], threading.current_thread().name))
+        return blocking(calls)
+
+    async def counted_on_loop(calls: Any, client: Any) -> Any:
+        on_loop.append((phase["run"], len(calls)))
+        return await native(calls, client)
+
+    publisher.publish = counted  # type: ignore[method-assign]
+    publisher.publish_async = counted_on_loop  # type: ignore[method-assign]
+    calls = [("add", {"a": i, "b": 1}) for i in range(5)]
+    agent = create_agent(
+        one_turn(calls), [fleet_tools.add], middleware=[CeleryToolMiddleware(dispatcher=dispatcher)]
+    )
+
+    states = []
+    for n in range(3):
+        phase["run"] = n
+        states.append(run(agent, "async"))
+
+    assert threads and all(
+        n == 0 and name.startswith("toolfleet-publish") for n, name in threads
+    ), threads
+    for later in (1, 2):
+        assert sum(size for n, size in on_loop if n == later) == len(calls), on_loop
+    for state in states:
+        assert [m.content for m in tool_messages(state)] == [str(i + 1) for i in range(5)]

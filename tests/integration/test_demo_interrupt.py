@@ -12,11 +12,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from orchestrator.local import WorkerProcess
 from tests.support.fleet import REPO
+from tool_workers.settings import Settings
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -110,3 +114,35 @@ def test_ctrl_c_stops_the_demo_and_everything_it_started(
     while (left := _processes_under(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"{left}\n{out}"
+
+
+def test_ctrl_c_while_a_worker_process_is_being_started_leaves_it_stoppable(
+    make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given Ctrl-C arriving while a worker's process is being created (after the fork,
+    before ``Popen`` returns, the moment the demo hit when interrupted as its workers
+    started), when the KeyboardInterrupt surfaces, then the worker knows its process,
+    and stopping it leaves nothing running."""
+    real_popen = subprocess.Popen
+    started: list[subprocess.Popen[bytes]] = []
+
+    def popen_then_ctrl_c(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        process = real_popen(*args, **kwargs)
+        started.append(process)
+        signal.raise_signal(signal.SIGINT)  # the handler runs before this call returns
+        return process
+
+    monkeypatch.setattr(subprocess, "Popen", popen_then_ctrl_c)
+    worker = WorkerProcess(make_settings(), name="interrupted")
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            worker.start()
+        monkeypatch.undo()
+        assert worker.process is started[0]
+        worker.stop(grace=5)
+        assert started[0].poll() is not None
+    finally:
+        for process in started:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()

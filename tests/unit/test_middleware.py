@@ -538,7 +538,7 @@ def test_given_call_edited_after_eager_publish_when_reconciled_then_context_and_
     middleware = CeleryToolMiddleware(dispatcher=dispatcher)
 
     # When it is reconciled with what was published
-    call = middleware._reconcile(arrived)
+    call = middleware._eager.reconcile(arrived)
 
     # Then the edited call goes out under a new task id with everything it declared
     assert call.task_id != published.task_id

@@ -1,0 +1,116 @@
+"""Round trips a call costs, counted by a proxy between each side and Redis.
+
+The proxy (the benchmark's delay proxy, with no delay) counts request/reply exchanges by
+their Redis commands, so these tests see what crossed the wire rather than what the code
+meant to send.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+
+from orchestrator import dispatcher_for
+from orchestrator.bench.delay_proxy import DelayProxy
+from orchestrator.bench.links import proxied
+from orchestrator.calls import PreparedCall
+from orchestrator.local import EmbeddedRedis
+from tool_workers.app import create_app
+from tool_workers.backend import ToolfleetRedisBackend, execute_pipeline
+from tool_workers.protocol import call_marker_key, task_id_for
+from tool_workers.settings import Settings
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def proxies(redis_url: str) -> Iterator[tuple[DelayProxy, DelayProxy]]:
+    target = urlsplit(redis_url)
+    host, port = target.hostname or "127.0.0.1", target.port or 6379
+    with DelayProxy(host, port, 0.0) as worker, DelayProxy(host, port, 0.0) as orchestrator:
+        yield worker, orchestrator
+
+
+def _call(spec: Any, text: str) -> PreparedCall:
+    call_id = f"call-{uuid.uuid4().hex[:8]}"
+    return PreparedCall(
+        tool="echo_cls", call_id=call_id, args={"text": text}, task_id=task_id_for(call_id),
+        queue=spec.queue, spec=spec,
+    )  # fmt: skip
+
+
+def _kinds(proxy: DelayProxy, before: dict[str, int]) -> dict[str, int]:
+    _, now = proxy.exchanges.snapshot()
+    return {k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)}
+
+
+def test_a_call_is_claimed_and_published_in_one_round_trip(
+    make_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    proxies: tuple[DelayProxy, DelayProxy],
+    redis_url: str,
+) -> None:
+    """Given a worker and an orchestrator each reaching Redis through a counting proxy,
+    when calls run one after another, then the orchestrator sends each call in one
+    exchange (its claim and its message together, no SCRIPT check), the worker asks no
+    SCRIPT EXISTS before running a call, and every result comes back right."""
+    worker_link, orchestrator_link = proxies
+    settings = make_settings()
+    start_worker(
+        settings.model_copy(update={"broker_url": proxied(redis_url, worker_link.port)}),
+        pool="threads",
+        concurrency=4,
+        queues=("tools",),
+    )
+    main = settings.model_copy(update={"broker_url": proxied(redis_url, orchestrator_link.port)})
+    dispatcher = dispatcher_for(settings=main)
+    spec = dispatcher.served_tools(fresh=True)["echo_cls"]
+    warm = _call(spec, "warm")
+    dispatcher.submit([warm])
+    assert dispatcher.wait(warm, timeout=30).status == "success"
+
+    _, orchestrator_before = orchestrator_link.exchanges.snapshot()
+    _, worker_before = worker_link.exchanges.snapshot()
+    calls = [_call(spec, f"hello {i}") for i in range(3)]
+    for call in calls:
+        dispatcher.submit([call])
+        result = dispatcher.wait(call, timeout=30)
+        assert result.status == "success" and call.args["text"] in str(result.content)
+
+    sent = _kinds(orchestrator_link, orchestrator_before)
+    served = _kinds(worker_link, worker_before)
+    assert sent.get("EVALSHA") == 3, sent
+    assert not {k for k in sent if "LPUSH" in k or k.startswith("SET")}, sent
+    assert not {k for k in served if "SCRIPT" in k}, served
+    client = redis.Redis.from_url(redis_url)
+    try:
+        markers = [client.get(call_marker_key(settings.key_prefix, c.task_id)) for c in calls]
+    finally:
+        client.close()
+    assert markers == [b"sent"] * 3
+
+
+def test_a_start_store_runs_after_the_server_forgot_the_script(tmp_path: Any) -> None:
+    """Given a server that does not know the store script (a fresh or flushed server),
+    when a pipeline with a queued store runs, then the state is stored anyway and the
+    pipeline's other commands ran once."""
+    with EmbeddedRedis() as server:
+        app = create_app(Settings(broker_url=server.url, workspace_root=tmp_path))
+        backend = app.backend
+        assert isinstance(backend, ToolfleetRedisBackend)
+        client = redis.Redis.from_url(server.url)
+        try:
+            client.script_flush()
+            with backend.client.pipeline(transaction=False) as pipe:
+                pipe.incr("starts")
+                backend.store_in(pipe, "task-1", {"pid": 1}, "STARTED")
+                results = execute_pipeline(pipe)
+            assert results[0] == 1 and client.get("starts") == b"1"
+            assert backend.get_task_meta("task-1")["status"] == "STARTED"
+        finally:
+            client.close()
