@@ -3,18 +3,26 @@
 :func:`directed` obeys the user: a message that is JSON ``{"calls": [[tool, args], ...]}``
 makes it call those fleet tools at once (``"model_delay": s`` first stalls the model call
 that long, to test cancelling it); any other text is echoed. Once tool results are in, it
-answers ``done: <n> results: <contents>``.
+answers ``done: <n> results: <contents>``. :func:`streaming` is the same model streaming
+its answers a word at a time (token streaming, when the run streams messages).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-from langchain_core.outputs import ChatResult
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    ToolMessage,
+)
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
 from orchestrator.scripted import ScriptedChatModel, tool_calls_message
 
@@ -44,7 +52,13 @@ def _policy(messages: Sequence[BaseMessage]) -> AIMessage:
 
 
 class DirectedModel(ScriptedChatModel):
-    """The scripted model, with an optional stall before a model call."""
+    """The scripted model, with an optional stall before a model call; with
+    ``stream_tokens`` it streams each answer a word at a time."""
+
+    stream_tokens: bool = False
+
+    def _should_stream(self, **kwargs: Any) -> bool:
+        return self.stream_tokens and super()._should_stream(**kwargs)
 
     async def _agenerate(
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
@@ -54,7 +68,34 @@ class DirectedModel(ScriptedChatModel):
             await asyncio.sleep(float(delay))
         return await super()._agenerate(messages, *args, **kwargs)
 
+    async def _astream(
+        self, messages: list[BaseMessage], *args: Any, **kwargs: Any
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        result = await self._agenerate(messages, *args, **kwargs)
+        message = result.generations[0].message
+        assert isinstance(message, AIMessage)
+        words = re.findall(r"\S+\s*", str(message.content)) or [""]
+        for i, word in enumerate(words):
+            last = i == len(words) - 1
+            chunk = AIMessageChunk(
+                content=word,
+                id=message.id,
+                tool_call_chunks=[
+                    {"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": n}
+                    for n, c in enumerate(message.tool_calls)
+                ]
+                if last
+                else [],
+                chunk_position="last" if last else None,
+            )
+            yield ChatGenerationChunk(message=chunk)
+
 
 def directed() -> DirectedModel:
     """The model of the HTTP-service tests."""
     return DirectedModel(policy=_policy)
+
+
+def streaming() -> DirectedModel:
+    """The model of the HTTP-service tests, streaming its answers word by word."""
+    return DirectedModel(policy=_policy, stream_tokens=True)

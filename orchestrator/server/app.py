@@ -23,11 +23,13 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from langgraph.store.memory import InMemoryStore
 from redis.exceptions import RedisError
 
 from orchestrator.agent import async_checkpointer
 from orchestrator.dispatch.fleet import dispatcher_for
 from orchestrator.server import openapi
+from orchestrator.server.assistant_store import AssistantStore
 from orchestrator.server.auth import TokenAuth
 from orchestrator.server.errors import RequestRefused
 from orchestrator.server.eventlog import BLOCK_MS, EventLog, EventRelay
@@ -36,7 +38,19 @@ from orchestrator.server.graphs import Graphs, GraphSource, ProjectSource
 from orchestrator.server.guard import Guard
 from orchestrator.server.keys import Keys
 from orchestrator.server.projects import ProjectGraph
-from orchestrator.server.routes import assistants, metrics, runs, system, threads
+from orchestrator.server.routes import (
+    assistant_edits,
+    assistant_graphs,
+    assistants,
+    metrics,
+    run_batches,
+    runs,
+    store_items,
+    system,
+    thread_edits,
+    thread_stream,
+    threads,
+)
 from orchestrator.server.runner import RunManager
 from orchestrator.server.services import Services
 from orchestrator.server.store import Store
@@ -81,7 +95,7 @@ def create_app(
             log.info(
                 "toolfleet service up: replica %s, redis %s, checkpointer %s, %s",
                 replica,
-                mask_secrets(settings.broker_url),
+                mask_secrets(settings.own_redis_url),
                 "postgres" if settings.database_url else f"sqlite {settings.checkpoint_path}",
                 f"{len(settings.api_tokens)} API token(s) in {auth.tenants} tenant(s)"
                 if auth.enabled
@@ -98,7 +112,17 @@ def create_app(
     app.state.auth = auth
     app.include_router(system.router)
     app.include_router(metrics.router)  # unauthenticated, like /ok and Flower's /metrics
-    for router in (assistants.router, threads.router, runs.router):
+    for router in (
+        assistants.router,
+        assistant_edits.router,
+        assistant_graphs.router,
+        thread_edits.router,
+        thread_stream.router,
+        threads.router,
+        run_batches.router,
+        runs.router,
+        store_items.router,
+    ):
         app.include_router(router)
     # Outermost of the app's own layers: refusals here never reach routing or a body read.
     app.add_middleware(Guard, auth=auth, max_body_bytes=settings.max_body_bytes)
@@ -115,12 +139,15 @@ async def _services(
 ) -> AsyncIterator[Services]:
     dispatcher = dispatcher_for(settings=settings)
     keys = Keys(settings.key_prefix)
-    url = settings.broker_url
+    url = settings.own_redis_url
     strings = pooled_client(url, settings, settings.redis_pool_size, decode_responses=True)
     raw = pooled_client(url, settings, settings.redis_pool_size)
     # Its XREAD blocks: a connection of its own (and one for a probe of a failed read).
     # Its socket timeout outlasts the read's block: an idle relay is not a lost Redis.
     relay_client = pooled_client(url, settings, 2, socket_timeout=BLOCK_MS / 1000 + 10)
+    # Opening the store connects and creates its tables: blocking, off the loop. Without
+    # TOOLFLEET_STORE_URL, as under `langgraph dev`, one in memory (this replica's own).
+    graph_store = await asyncio.to_thread(store_for, settings) or InMemoryStore()
     async with async_checkpointer(settings) as checkpointer:
         agent: AgentProvider | None = None
         sources: list[GraphSource]
@@ -128,10 +155,9 @@ async def _services(
             agent = AgentProvider(settings, resolve_model(settings.model), checkpointer, dispatcher)
             sources = [agent]
         else:
-            # Opening the store connects and creates its tables: blocking, off the loop.
-            graph_store = await asyncio.to_thread(store_for, settings)
             sources = [ProjectSource(graph, checkpointer, graph_store) for graph in project]
         graphs = Graphs(sources)
+        assistants = AssistantStore(strings, keys, graphs)
         store = Store(strings, keys, settings.run_ttl, settings.thread_ttl)
         relay = EventRelay(relay_client, raw, keys, replica)
         manager = RunManager(
@@ -140,7 +166,7 @@ async def _services(
             store=store,
             events=EventLog(raw, keys, settings.run_ttl),
             relay=relay,
-            graphs=graphs,
+            assistants=assistants,
             checkpointer=checkpointer,
             max_runs=settings.max_runs,
             replica_id=replica,
@@ -151,7 +177,17 @@ async def _services(
         try:
             if agent is not None:
                 await agent.get()
-            yield Services(settings, strings, store, manager, graphs, checkpointer, dispatcher)
+            yield Services(
+                settings,
+                strings,
+                store,
+                manager,
+                graphs,
+                checkpointer,
+                dispatcher,
+                graph_store,
+                assistants,
+            )
         finally:
             await manager.close()
             await relay.close()

@@ -56,16 +56,34 @@ SSE_HEARTBEAT = b": heartbeat\n\n"
 """An SSE comment: keeps idle connections open through proxies; clients ignore it."""
 
 
-def _checkpoint(config: Mapping[str, Any] | None, thread_id: str | None) -> dict[str, Any] | None:
-    if not config:
+def checkpoint_of(config: Mapping[str, Any] | None, thread_id: str | None) -> dict[str, Any] | None:
+    """The checkpoint a config points at, as LangGraph's server shows it: ``None`` unless
+    it names a checkpoint id, ``checkpoint_map`` only where the config has one."""
+    conf = (config or {}).get("configurable") or {}
+    if not conf.get("checkpoint_id") or not (thread_id or conf.get("thread_id")):
         return None
-    conf = config.get("configurable") or {}
-    return {
-        "thread_id": thread_id or conf.get("thread_id"),
-        "checkpoint_ns": conf.get("checkpoint_ns", ""),
-        "checkpoint_id": conf.get("checkpoint_id"),
-        "checkpoint_map": conf.get("checkpoint_map"),
+    checkpoint = {
+        "thread_id": thread_id or conf["thread_id"],
+        "checkpoint_ns": conf.get("checkpoint_ns") or "",
+        "checkpoint_id": conf["checkpoint_id"],
     }
+    if "checkpoint_map" in conf:
+        checkpoint["checkpoint_map"] = conf["checkpoint_map"]
+    return checkpoint
+
+
+def _task_checkpoint(state: Any, thread_id: str | None) -> dict[str, Any] | None:
+    """A task's subgraph checkpoint (the ``configurable`` of its state's config)."""
+    if not isinstance(state, Mapping) or not state.get("configurable"):
+        return None
+    conf = dict(state["configurable"])
+    if thread_id:
+        conf["thread_id"] = thread_id
+    return conf
+
+
+def _checkpoint_id(config: Mapping[str, Any] | None) -> str | None:
+    return ((config or {}).get("configurable") or {}).get("checkpoint_id")
 
 
 def thread_state(snapshot: StateSnapshot, thread_id: str | None = None) -> dict[str, Any]:
@@ -83,9 +101,10 @@ def thread_state(snapshot: StateSnapshot, thread_id: str | None = None) -> dict[
             {
                 "id": task.id,
                 "name": task.name,
+                "path": list(task.path),
                 "error": str(task.error) if task.error is not None else None,
                 "interrupts": list(task.interrupts),
-                "checkpoint": _checkpoint(state, thread_id) if isinstance(state, Mapping) else None,
+                "checkpoint": _task_checkpoint(state, thread_id),
                 "state": thread_state(state, thread_id)
                 if isinstance(state, StateSnapshot)
                 else None,
@@ -95,10 +114,17 @@ def thread_state(snapshot: StateSnapshot, thread_id: str | None = None) -> dict[
     return {
         "values": snapshot.values,
         "next": list(snapshot.next),
-        "checkpoint": _checkpoint(snapshot.config, thread_id),
-        "metadata": snapshot.metadata,
+        "checkpoint": checkpoint_of(snapshot.config, thread_id),
+        # As LangGraph's server records it in every checkpoint (LangGraph itself leaves it out).
+        "metadata": (
+            {**snapshot.metadata, "thread_id": thread_id}
+            if snapshot.metadata is not None and thread_id
+            else snapshot.metadata
+        ),
         "created_at": snapshot.created_at,
-        "parent_checkpoint": _checkpoint(snapshot.parent_config, thread_id),
+        "parent_checkpoint": checkpoint_of(snapshot.parent_config, thread_id),
         "tasks": tasks,
         "interrupts": list(snapshot.interrupts),
+        "checkpoint_id": _checkpoint_id(snapshot.config),
+        "parent_checkpoint_id": _checkpoint_id(snapshot.parent_config),
     }

@@ -5,8 +5,8 @@ Without a project file that is the built-in agent (graph id ``agent``, see
 graphs (:mod:`orchestrator.server.projects`). As LangGraph's server does, the server
 supplies the persistence: a project's graph runs with the server's checkpointer whatever
 it was compiled with, so its threads are durable and shared by the replicas, and with
-the store ``TOOLFLEET_STORE_URL`` names when one is configured (the one remote tools
-reach).
+the server's store: the one ``TOOLFLEET_STORE_URL`` names (the one remote tools reach),
+else one in memory, as ``langgraph dev`` gives (the store API serves the same one).
 
 Assistant ids derive from graph ids as LangGraph's server derives them (a UUID5 in its
 namespace), so an id a client stored stays valid across restarts, on every replica, and

@@ -6,6 +6,10 @@ and thread metadata, the per-run event logs and the cancel channel live there, u
 
     server:thread:<key>           hash   thread record (status, metadata, times)
     server:threads:<tenant>       zset   the tenant's thread ids by creation time (search)
+    server:threads-updated:<tenant> zset the tenant's thread ids by last update (search)
+    server:assistant:<key>        hash   a tenant's assistant (its document, its last version)
+    server:assistant-versions:<key> hash its versions, by number
+    server:assistants:<tenant>    zset   the tenant's assistant ids by creation time
     server:thread-runs:<key>      zset   the thread's run ids by creation time
     server:thread-lock:<key>      string id of the run that holds the thread (TTL, renewed)
     server:thread-queue:<key>     list   runs waiting for the thread (multitask "enqueue")
@@ -47,6 +51,23 @@ class Keys:
     def threads(self, tenant: str) -> str:
         """Sorted set of the tenant's thread ids by creation time."""
         return f"{self.base}threads:{tenant}"
+
+    def threads_updated(self, tenant: str) -> str:
+        """Sorted set of the tenant's thread ids by the time of their last update."""
+        return f"{self.base}threads-updated:{tenant}"
+
+    def assistant(self, key: str) -> str:
+        """Hash of a tenant's assistant (``<tenant>/<id>``): its current document and the
+        number of its last version."""
+        return f"{self.base}assistant:{key}"
+
+    def assistant_versions(self, key: str) -> str:
+        """Hash of a tenant's assistant's versions, by number."""
+        return f"{self.base}assistant-versions:{key}"
+
+    def assistants(self, tenant: str) -> str:
+        """Sorted set of the tenant's assistant ids by creation time."""
+        return f"{self.base}assistants:{tenant}"
 
     def thread_runs(self, thread_id: str) -> str:
         """Sorted set of a thread's run ids by creation time."""

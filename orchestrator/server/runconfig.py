@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from orchestrator.server.records import RunRecord
 from orchestrator.server.schemas import RunConfig, RunCreate
-from orchestrator.server.store import RunRecord
 
 
 def thread_config(thread: str, checkpoint_id: str | None = None) -> dict[str, Any]:
@@ -36,10 +36,33 @@ def run_config(run: RunRecord, body: RunCreate, graph_id: str) -> dict[str, Any]
         configurable["checkpoint_id"] = body.checkpoint_id
     config: dict[str, Any] = {
         "configurable": configurable,
-        "metadata": {**run.metadata, **identity},
+        # A run is attempted once: the runs of a replica that died are marked failed, not retried.
+        "metadata": {**run.metadata, **identity, "run_attempt": 1},
         "tags": list(given.tags),
         "run_id": uuid.UUID(run.run_id),
     }
     if given.recursion_limit is not None:
         config["recursion_limit"] = given.recursion_limit
     return config
+
+
+def with_assistant(body: RunCreate, assistant: dict[str, Any]) -> RunCreate:
+    """The run's request with its assistant's config and context beneath its own (the
+    run's keys win; ``configurable`` and ``context`` are merged key by key)."""
+    defaults = assistant.get("config") or {}
+    context = assistant.get("context") or {}
+    if not defaults and not context:
+        return body
+    given = body.config.model_dump(exclude_unset=True) if body.config else {}
+    configurable = {**(defaults.get("configurable") or {}), **given.get("configurable", {})}
+    merged = RunConfig.model_validate({**defaults, **given, "configurable": configurable})
+    update: dict[str, Any] = {"config": merged}
+    if context or body.context:
+        update["context"] = {**context, **(body.context or {})}
+    return body.model_copy(update=update)
+
+
+def config_json(body: RunCreate) -> dict[str, Any]:
+    """The config the client gave the run, as JSON (none: an empty ``configurable``)."""
+    given = body.config.model_dump(mode="json", exclude_defaults=True) if body.config else {}
+    return {**given, "configurable": dict(given.get("configurable") or {})}

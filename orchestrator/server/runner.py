@@ -20,23 +20,27 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 import redis.asyncio as aioredis
 from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.types import Command
 from redis.exceptions import RedisError
 
+from orchestrator.server.assistant_store import AssistantStore
 from orchestrator.server.control import RENEW_INTERVAL, ReplicaControl
 from orchestrator.server.encoding import dumps
 from orchestrator.server.errors import AtCapacity, Conflict, NotFound, Unsupported
-from orchestrator.server.eventlog import END, EventLog, EventRelay, FollowerDropped
-from orchestrator.server.graphs import Graphs, GraphSource, assistant_id_for
+from orchestrator.server.eventlog import EventLog, EventRelay
+from orchestrator.server.graphs import GraphSource
 from orchestrator.server.keys import Keys
-from orchestrator.server.runconfig import run_config, thread_config
+from orchestrator.server.records import RunRecord, now_iso
+from orchestrator.server.rollback import delete_run_checkpoints
+from orchestrator.server.runconfig import config_json, run_config, thread_config, with_assistant
+from orchestrator.server.runlookup import RunLookup
+from orchestrator.server.runstream import RunStream
 from orchestrator.server.schemas import RunCreate
-from orchestrator.server.store import RunRecord, Store, now_iso
+from orchestrator.server.store import Store
 from orchestrator.server.tenancy import TenantQuota
 
 log = logging.getLogger("toolfleet.server")
@@ -45,15 +49,7 @@ ADMIT_POLL = 0.1
 """Seconds between attempts of a queued run to take its thread."""
 
 
-def recorded_modes(requested: list[str]) -> list[str]:
-    """Stream modes a run records: those asked for, plus ``custom`` (tool-call events)."""
-    modes = list(dict.fromkeys(requested))
-    if "custom" not in modes:
-        modes.append("custom")
-    return modes
-
-
-class RunManager:
+class RunManager(RunLookup):
     """Starts, tracks and cancels the runs of this replica.
 
     Args:
@@ -62,7 +58,7 @@ class RunManager:
         store: Thread and run records.
         events: The run event log.
         relay: Reads event logs for followers on this replica.
-        graphs: The graphs runs run (their assistants).
+        assistants: The assistants runs name (the server's own and the tenants').
         checkpointer: The LangGraph checkpointer (temporary threads are deleted from it).
         max_runs: Runs this replica executes at once.
         replica_id: This replica's id.
@@ -77,7 +73,7 @@ class RunManager:
         store: Store,
         events: EventLog,
         relay: EventRelay,
-        graphs: Graphs,
+        assistants: AssistantStore,
         checkpointer: BaseCheckpointSaver[Any],
         max_runs: int,
         replica_id: str,
@@ -86,7 +82,8 @@ class RunManager:
         self.store = store
         self.events = events
         self.relay = relay
-        self.graphs = graphs
+        self.assistants = assistants
+        self.graphs = assistants.graphs
         self._checkpointer = checkpointer
         self.max_runs = max_runs
         self.replica_id = replica_id
@@ -130,12 +127,15 @@ class RunManager:
 
         Raises:
             NotFound: unknown assistant, or unknown thread and ``if_not_exists="reject"``.
-            Conflict: the thread is busy and the multitask strategy is ``reject``.
+            Conflict: the thread is busy and the multitask strategy is ``reject``
+                (``enqueue``, the default, queues the run; ``interrupt`` and ``rollback``
+                cancel the thread's run, ``rollback`` deleting it and its checkpoints).
             Unsupported: both ``input`` and ``command`` given.
             AtCapacity: this replica, or the tenant's share of it, holds its maximum of
                 runs.
         """
-        self.graphs.get(body.assistant_id)  # NotFound before anything is recorded
+        # NotFound before anything is recorded.
+        source, assistant = await self.assistants.resolve(tenant, body.assistant_id)
         if body.input is not None and body.command is not None:
             raise Unsupported("give either input or command, not both")
         if self.active >= self.max_runs:
@@ -144,16 +144,23 @@ class RunManager:
         self._reserved += 1
         created: RunRecord | None = None
         try:
-            created = await self._create(tenant, thread_id, body)
+            created = await self._create(tenant, thread_id, body, source, assistant)
             return created
         finally:
             self._reserved -= 1
             if created is None:
                 self.quota.give_back(tenant)
 
-    async def _create(self, tenant: str, thread_id: str | None, body: RunCreate) -> RunRecord:
-        source = self.graphs.get(body.assistant_id)
-        assistant_id = assistant_id_for(source.graph_id)
+    async def _create(
+        self,
+        tenant: str,
+        thread_id: str | None,
+        body: RunCreate,
+        source: GraphSource,
+        assistant: dict[str, Any],
+    ) -> RunRecord:
+        assistant_id = str(assistant["assistant_id"])
+        body = with_assistant(body, assistant)
         temporary = thread_id is None
         thread_id = thread_id or str(uuid.uuid4())
         stamp = now_iso()
@@ -165,7 +172,8 @@ class RunManager:
             updated_at=stamp,
             status="pending",
             replica=self.replica_id,
-            metadata=dict(body.metadata),
+            # As LangGraph's server: a run's metadata names its graph and assistant.
+            metadata={**body.metadata, "graph_id": source.graph_id, "assistant_id": assistant_id},
             multitask_strategy=body.multitask_strategy,
             kwargs=body.model_dump(mode="json", exclude_none=True, exclude={"metadata"}),
             tenant=tenant,
@@ -182,7 +190,7 @@ class RunManager:
         try:
             # As LangGraph's server does: chat UIs list an assistant's threads by these.
             tags = {"graph_id": source.graph_id, "assistant_id": assistant_id}
-            await self.store.tag_thread(thread, tags)
+            await self.store.note_run(thread, tags, config_json(body))
             if body.multitask_strategy == "reject":
                 if not await self.store.admit(key, run.run_id):
                     holder = await self.store.holder(key)
@@ -196,12 +204,12 @@ class RunManager:
             else:
                 await self.store.put_run(run)
                 stored = True
-                first = body.multitask_strategy == "interrupt"
+                first = body.multitask_strategy in ("interrupt", "rollback")
                 await self.store.enqueue(key, run.run_id, first=first)
                 if first and (holder := await self.store.holder(key)):
                     current = await self.store.run(holder)
                     if current is not None and not current.done:
-                        await self.cancel(current)
+                        await self.cancel(current, action=body.multitask_strategy)
         except BaseException:
             await asyncio.shield(self._undo(run, made_thread, admitted, stored))
             raise
@@ -263,7 +271,7 @@ class RunManager:
                 self._running.add(run.run_id)
                 config = run_config(run, body, source.graph_id)
                 graph = await source.for_run(config)
-                async for event, chunk in self._stream(graph, config, body):
+                async for event, chunk in RunStream(body, run.thread_id).events(graph, config):
                     await self.events.append(run.run_id, event, dumps(chunk))
             status = "success"
         except asyncio.CancelledError:
@@ -292,7 +300,14 @@ class RunManager:
         try:
             if error is not None:
                 await self.events.append(run.run_id, "error", dumps(error))
-            await self.store.set_run_status(run.run_id, status, error)
+            rolled_back = status == "interrupted" and (
+                await self.store.cancel_action(run.run_id) == "rollback"
+            )
+            if rolled_back:  # as if it never ran: its checkpoints and its record go
+                await delete_run_checkpoints(self._checkpointer, run.thread_key, run.run_id)
+                await self.store.delete_run(run)
+            else:
+                await self.store.set_run_status(run.run_id, status, error)
             if held:
                 await self.store.set_thread_status(
                     run.thread_key, await self._thread_status(run, status)
@@ -314,11 +329,11 @@ class RunManager:
         log.info("run %s on thread %s ended: %s", run.run_id, run.thread_id, status)
 
     async def _thread_status(self, run: RunRecord, status: str) -> str:
+        # As LangGraph's server: a run that stopped between steps (cancelled, or waiting
+        # on an interrupt) leaves its thread interrupted; a rolled-back one, as it was.
         if status == "error":
             return "error"
-        if status != "success":
-            return "idle"
-        source = self.graphs.find(run.assistant_id) or self.graphs.default
+        source = self.graphs.find(str(run.metadata.get("graph_id", ""))) or self.graphs.default
         graph = await source.for_thread(run.thread_key)
         snapshot = await graph.aget_state(thread_config(run.thread_key))
         return "interrupted" if snapshot.next else "idle"
@@ -344,39 +359,18 @@ class RunManager:
             except (RedisError, OSError) as exc:
                 log.warning("could not renew run %s (%r)", run.run_id, exc)
 
-    async def _stream(
-        self, graph: Any, config: dict[str, Any], body: RunCreate
-    ) -> AsyncIterator[tuple[str, Any]]:
-        modes = [
-            "messages" if m == "messages-tuple" else m
-            for m in recorded_modes(list(body.stream_mode))
-        ]
-        options: dict[str, Any] = {"stream_mode": modes, "subgraphs": body.stream_subgraphs}
-        for name in ("interrupt_before", "interrupt_after", "durability", "context"):
-            if (value := getattr(body, name)) is not None:
-                options[name] = value
-        payload: Any = body.input
-        if body.command is not None:
-            payload = Command(**body.command.model_dump(exclude_none=True))
-        async for item in graph.astream(payload, config, **options):
-            namespace: tuple[str, ...] = ()
-            if body.stream_subgraphs:
-                namespace, mode, chunk = item
-            else:
-                mode, chunk = item
-            yield "|".join([mode, *namespace]), chunk
-
     # -- cancelling, joining -------------------------------------------------------------
 
-    async def cancel(self, run: RunRecord) -> None:
-        """Cancel the run wherever it executes.
+    async def cancel(self, run: RunRecord, action: str = "interrupt") -> None:
+        """Cancel the run wherever it executes; with ``action="rollback"`` its record and
+        the checkpoints it wrote are deleted once it has stopped.
 
         Raises:
             Conflict: the run has already finished.
         """
         if run.done:
             raise Conflict(f"run {run.run_id} already finished: {run.status}")
-        await self.store.request_cancel(run.run_id)
+        await self.store.request_cancel(run.run_id, action)
         if not self._cancel_local(run.run_id):
             await self.control.request_cancel(run.run_id)
 
@@ -400,50 +394,3 @@ class RunManager:
             return False
         task.cancel()
         return True
-
-    async def get_run(self, tenant: str, thread_id: str, run_id: str) -> RunRecord:
-        """The run of the tenant's thread; one whose replica died is marked failed here.
-
-        Raises:
-            NotFound: no such run on the thread (or it is another tenant's).
-        """
-        run = await self.store.run(run_id)
-        if run is None or run.thread_id != thread_id or run.tenant != tenant:
-            raise NotFound(f"run {run_id} not found on thread {thread_id}")
-        if run.done or run.run_id in self._tasks:
-            return run
-        if await self.control.alive(run.replica):
-            return run
-        run.error = {
-            "error": "ReplicaLost",
-            "message": f"orchestrator replica {run.replica} stopped while it ran this run",
-        }
-        run.status = "error"
-        await self.store.set_run_status(run.run_id, "error", run.error)
-        await self.store.release(run.thread_key, run.run_id)
-        await self.events.end(run.run_id, "error")
-        return run
-
-    async def refresh(self, run: RunRecord) -> RunRecord:
-        """The run's record as it is now (see :meth:`get_run`)."""
-        return await self.get_run(run.tenant, run.thread_id, run.run_id)
-
-    async def wait_done(self, run: RunRecord, poll: float = 5.0) -> RunRecord:
-        """Wait until the run has finished; returns its final record."""
-        if run.done:
-            return run
-        last = await self.events.last(run.run_id)
-        if last is not None and last.event == END:
-            return await self.refresh(run)
-        async with self.relay.follow(run.run_id, last.id if last else "0-0") as follower:
-            while True:
-                try:
-                    entry = await follower.next(timeout=poll)
-                except FollowerDropped:  # no more entries come: watch the record instead
-                    await asyncio.sleep(poll)
-                    entry = None
-                if entry is not None and entry.event == END:
-                    break
-                if entry is None and (await self.refresh(run)).done:
-                    break
-        return await self.refresh(run)

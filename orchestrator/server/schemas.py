@@ -1,4 +1,5 @@
-"""Request bodies and response shapes of the Agent Protocol subset toolfleet serves.
+"""Request bodies of the Agent Protocol subset toolfleet serves, and their limits (the
+responses are :mod:`orchestrator.server.responses`).
 
 Field names and defaults follow what ``langgraph-sdk`` sends and reads. Unknown request
 fields are ignored (newer clients send more than this server uses); a field of the wrong
@@ -22,12 +23,25 @@ from pydantic import (
 )
 
 StreamMode = Literal[
-    "values", "updates", "messages-tuple", "custom", "debug", "tasks", "checkpoints"
+    "values",
+    "updates",
+    "messages-tuple",
+    "messages",
+    "custom",
+    "debug",
+    "tasks",
+    "checkpoints",
+    "events",
 ]
-"""Stream modes this server produces (``messages-tuple`` is LangGraph's ``messages``)."""
+"""Stream modes this server produces (``messages-tuple`` is LangGraph's ``messages``;
+``messages`` the older form of token streaming; ``events`` the callback events)."""
 
 STREAM_MODES: tuple[str, ...] = StreamMode.__args__  # type: ignore[attr-defined]
 DEFAULT_MODES: tuple[StreamMode, ...] = ("values",)
+
+MultitaskStrategy = Literal["reject", "interrupt", "rollback", "enqueue"]
+CancelAction = Literal["interrupt", "rollback"]
+"""``interrupt`` stops a run; ``rollback`` stops it and deletes it and its checkpoints."""
 
 RunStatus = Literal["pending", "running", "error", "success", "timeout", "interrupted"]
 ThreadStatus = Literal["idle", "busy", "interrupted", "error"]
@@ -170,8 +184,10 @@ class RunCreate(_Body):
     checkpoint_id: Id | None = None
     interrupt_before: Literal["*"] | list[str] | None = None
     interrupt_after: Literal["*"] | list[str] | None = None
-    multitask_strategy: Literal["reject", "interrupt", "enqueue"] = "reject"
-    """What to do when the thread already has a run: refuse (409), cancel it, or queue."""
+    multitask_strategy: MultitaskStrategy = "enqueue"
+    """What to do when the thread already has a run: queue this one after it (LangGraph's
+    default), refuse (409), cancel it (``interrupt``), or cancel it and delete it with the
+    checkpoints it wrote (``rollback``)."""
     if_not_exists: Literal["reject", "create"] = "reject"
     on_disconnect: Literal["cancel", "continue"] = "continue"
     """For ``/stream`` and ``/wait``: whether a client leaving cancels the run."""
@@ -195,6 +211,11 @@ class ThreadCreate(_Body):
     if_exists: Literal["raise", "do_nothing"] = "raise"
 
 
+SortOrder = Literal["asc", "desc"]
+ThreadSortBy = Literal["thread_id", "status", "created_at", "updated_at", "state_updated_at"]
+AssistantSortBy = Literal["assistant_id", "graph_id", "name", "created_at", "updated_at"]
+
+
 class ThreadSearch(_Body):
     """Body of ``POST /threads/search``."""
 
@@ -203,6 +224,10 @@ class ThreadSearch(_Body):
     status: ThreadStatus | None = None
     limit: int = Field(default=10, ge=1, le=1000)
     offset: int = Field(default=0, ge=0, le=1_000_000)
+    sort_by: ThreadSortBy | None = None
+    """Default: ``updated_at``, most recent first."""
+    sort_order: SortOrder | None = None
+    """Default: ``desc``."""
 
 
 class HistoryRequest(_Body):
@@ -235,6 +260,31 @@ class HistoryRequest(_Body):
         return value
 
 
+class ThreadPatch(_Body):
+    """Body of ``PATCH /threads/{thread_id}``."""
+
+    metadata: JsonObject = Field(default_factory=dict)
+    """Merged into the thread's metadata (these keys win)."""
+
+
+class ThreadCount(_Body):
+    """Body of ``POST /threads/count``."""
+
+    metadata: JsonObject | None = None
+    status: ThreadStatus | None = None
+
+
+class ThreadStateUpdate(_Body):
+    """Body of ``POST /threads/{thread_id}/state``: a human edit of the thread's state."""
+
+    values: JsonObject | Annotated[list[JsonValue], Field(max_length=10_000)] | None = None
+    """The update, applied as the node ``as_node`` had returned it."""
+    as_node: Id | None = None
+    checkpoint: CheckpointRef | None = None
+    """The checkpoint to fork from (default: the latest)."""
+    checkpoint_id: Id | None = None
+
+
 class StateAtCheckpoint(_Body):
     """Body of ``POST /threads/{thread_id}/state/checkpoint``."""
 
@@ -242,72 +292,61 @@ class StateAtCheckpoint(_Body):
     subgraphs: bool = False
 
 
-class AssistantSearch(_Body):
-    """Body of ``POST /assistants/search``."""
+class AssistantCount(_Body):
+    """Body of ``POST /assistants/count``."""
 
     graph_id: Id | None = None
     name: Id | None = None
+    metadata: JsonObject | None = None
+
+
+class AssistantSearch(AssistantCount):
+    """Body of ``POST /assistants/search``."""
+
+    limit: int = Field(default=10, ge=1, le=1000)
+    offset: int = Field(default=0, ge=0, le=1_000_000)
+    sort_by: AssistantSortBy | None = None
+    """Default: ``created_at``, newest first; names and graph ids ignore case."""
+    sort_order: SortOrder | None = None
+    """Default: ``desc``."""
+
+
+class AssistantCreate(_Body):
+    """Body of ``POST /assistants``: a graph of this server with a config of its own."""
+
+    graph_id: Id
+    assistant_id: Id | None = None
+    """Default: a new UUID."""
+    config: JsonObject | None = None
+    context: JsonObject | None = None
+    metadata: JsonObject | None = None
+    if_exists: Literal["raise", "do_nothing"] = "raise"
+    name: Annotated[str, StringConstraints(max_length=ID_MAX_CHARS)] | None = None
+    """Default: ``Untitled``."""
+    description: Annotated[str, StringConstraints(max_length=10_000)] | None = None
+
+
+class AssistantPatch(_Body):
+    """Body of ``PATCH /assistants/{assistant_id}``: what the new version changes."""
+
+    graph_id: Id | None = None
+    config: JsonObject | None = None
+    context: JsonObject | None = None
+    metadata: JsonObject | None = None
+    """Merged into the assistant's."""
+    name: Annotated[str, StringConstraints(max_length=ID_MAX_CHARS)] | None = None
+    description: Annotated[str, StringConstraints(max_length=10_000)] | None = None
+
+
+class AssistantVersionsSearch(_Body):
+    """Body of ``POST /assistants/{assistant_id}/versions``."""
+
     metadata: JsonObject | None = None
     limit: int = Field(default=10, ge=1, le=1000)
     offset: int = Field(default=0, ge=0, le=1_000_000)
 
 
-# -- responses --------------------------------------------------------------------------
+class AssistantLatest(_Body):
+    """Body of ``POST /assistants/{assistant_id}/latest``."""
 
-
-class Assistant(BaseModel):
-    """An assistant: one per agent this server runs."""
-
-    assistant_id: str
-    graph_id: str
-    config: dict[str, Any]
-    context: dict[str, Any]
-    metadata: dict[str, Any]
-    name: str
-    description: str | None
-    version: int
-    created_at: str
-    updated_at: str
-
-
-class Thread(BaseModel):
-    """A conversation: its checkpoints live in the LangGraph checkpointer."""
-
-    thread_id: str
-    created_at: str
-    updated_at: str
-    metadata: dict[str, Any]
-    status: ThreadStatus
-    values: Any = None
-    interrupts: dict[str, Any] = Field(default_factory=dict)
-
-
-class Run(BaseModel):
-    """One invocation of the agent on a thread."""
-
-    run_id: str
-    thread_id: str
-    assistant_id: str
-    created_at: str
-    updated_at: str
-    status: RunStatus
-    metadata: dict[str, Any]
-    multitask_strategy: str
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    replica: str | None = None
-    """The orchestrator replica executing the run (toolfleet extension)."""
-    error: dict[str, Any] | None = None
-    """``{"error": type, "message": text}`` of a failed run (toolfleet extension)."""
-
-
-class ThreadState(BaseModel):
-    """A checkpoint of a thread: its values and what runs next."""
-
-    values: Any
-    next: list[str]
-    checkpoint: dict[str, Any] | None
-    metadata: dict[str, Any] | None
-    created_at: str | None
-    parent_checkpoint: dict[str, Any] | None
-    tasks: list[dict[str, Any]]
-    interrupts: list[Any]
+    version: int = Field(ge=1, le=1_000_000_000)

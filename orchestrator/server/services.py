@@ -8,8 +8,10 @@ from typing import Annotated, Any
 import redis.asyncio as aioredis
 from fastapi import Depends, Request, Response
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.store.base import BaseStore
 
 from orchestrator.dispatch.celery import CeleryDispatcher
+from orchestrator.server.assistant_store import AssistantStore
 from orchestrator.server.encoding import dumps
 from orchestrator.server.graphs import Graphs
 from orchestrator.server.runner import RunManager
@@ -30,6 +32,10 @@ class Services:
     """The graphs the replica serves, as assistants."""
     checkpointer: BaseCheckpointSaver[Any]
     dispatcher: CeleryDispatcher
+    graph_store: BaseStore
+    """The store the project's graphs get, behind the store API (``/store/...``)."""
+    assistants: AssistantStore
+    """The server's assistants and the tenants'."""
 
 
 def services(request: Request) -> Services:

@@ -14,141 +14,44 @@ Threads are stored under their thread key ``<tenant>/<thread id>``
 (:mod:`orchestrator.server.tenancy`); each tenant has its own index of threads, so a
 search never reads another tenant's.
 
-One run at a time holds a thread: ``thread-lock:<id>`` names it, with a TTL its owner
-renews, so a replica that dies frees its threads. Runs that may wait for the thread
-(multitask strategy ``enqueue`` or ``interrupt``) line up in ``thread-queue:<id>``; the
-admission script lets the first in line in, skipping those whose replica is gone.
+One run at a time holds a thread, and the others wait in line: see
+:mod:`orchestrator.server.threadline`.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from orchestrator.server.encoding import dumps, loads
 from orchestrator.server.keys import Keys
-from orchestrator.server.schemas import TERMINAL_STATUSES
+from orchestrator.server.records import RunRecord, ThreadRecord, now_iso
 from orchestrator.server.tenancy import split_thread_key, thread_key
-
-LOCK_TTL_MS = 30_000
-"""How long a thread stays held by a run whose replica stopped renewing it."""
-
-_ADMIT = """
--- KEYS: lock, queue. ARGV: run id, ttl ms, alive-key prefix.
-while true do
-  local head = redis.call('LINDEX', KEYS[2], 0)
-  if (not head) or head == ARGV[1] then break end
-  if redis.call('EXISTS', ARGV[3] .. head) == 1 then return 0 end
-  redis.call('LPOP', KEYS[2])  -- its replica stopped waiting: skip it
-end
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
-if redis.call('LINDEX', KEYS[2], 0) == ARGV[1] then redis.call('LPOP', KEYS[2]) end
-return 1
-"""
+from orchestrator.server.threadline import ThreadLine
 
 _CREATE_THREAD = """
--- KEYS: thread hash, the tenant's thread index. ARGV: thread id, score, ttl, field/values.
+-- KEYS: thread hash, the tenant's thread indexes (by creation, by update).
+-- ARGV: thread id, score, ttl, field/values.
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 4))
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
+for i = 2, 3 do
+    redis.call('ZADD', KEYS[i], ARGV[2], ARGV[1])
+    redis.call('EXPIRE', KEYS[i], ARGV[3])
+end
 return 1
 """
 
-_IF_HOLDER = """
--- KEYS: lock. ARGV: run id, 'release' | ttl ms.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if ARGV[2] == 'release' then return redis.call('DEL', KEYS[1]) end
-return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-"""
+_INDEXED = ("created_at", "updated_at")
+"""Thread orders read from an index; the others sort the tenant's matching threads."""
 
 
-def now_iso() -> str:
-    """The current time as ISO 8601 with the UTC offset."""
-    return datetime.now(UTC).isoformat()
-
-
-@dataclass
-class ThreadRecord:
-    """What the service knows of a thread besides its checkpoints."""
-
-    thread_id: str
-    created_at: str
-    updated_at: str
-    metadata: dict[str, Any] = field(default_factory=dict)
-    status: str = "idle"
-    tenant: str = ""
-
-    @property
-    def key(self) -> str:
-        """The thread key: ``<tenant>/<thread id>``."""
-        return thread_key(self.tenant, self.thread_id)
-
-    def to_api(self, values: Any = None) -> dict[str, Any]:
-        """The protocol's ``Thread``."""
-        return {
-            "thread_id": self.thread_id,
-            "created_at": self.created_at,
-            "updated_at": self.updated_at,
-            "metadata": self.metadata,
-            "status": self.status,
-            "values": values,
-            "interrupts": {},
-        }
-
-
-@dataclass
-class RunRecord:
-    """What the service knows of a run."""
-
-    run_id: str
-    thread_id: str
-    assistant_id: str
-    created_at: str
-    updated_at: str
-    status: str
-    replica: str
-    metadata: dict[str, Any] = field(default_factory=dict)
-    multitask_strategy: str = "reject"
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    error: dict[str, Any] | None = None
-    cancel_requested: bool = False
-    tenant: str = ""
-
-    @property
-    def thread_key(self) -> str:
-        """The key of the run's thread: ``<tenant>/<thread id>``."""
-        return thread_key(self.tenant, self.thread_id)
-
-    @property
-    def done(self) -> bool:
-        """Whether the run has finished (its status will not change again)."""
-        return self.status in TERMINAL_STATUSES
-
-    def to_api(self) -> dict[str, Any]:
-        """The protocol's ``Run``, plus the owner replica and the error."""
-        return {
-            "run_id": self.run_id,
-            "thread_id": self.thread_id,
-            "assistant_id": self.assistant_id,
-            "created_at": self.created_at,
-            "updated_at": self.updated_at,
-            "status": self.status,
-            "metadata": self.metadata,
-            "multitask_strategy": self.multitask_strategy,
-            "kwargs": self.kwargs,
-            "replica": self.replica,
-            "error": self.error,
-        }
-
-
-class Store:
-    """Thread and run records, the thread lock and queue.
+class Store(ThreadLine):
+    """Thread and run records, and the thread lock and queue (:class:`ThreadLine`).
 
     Args:
         client: A ``redis.asyncio`` client created with ``decode_responses=True``.
@@ -162,9 +65,8 @@ class Store:
         self._keys = keys
         self._run_ttl = run_ttl
         self._thread_ttl = thread_ttl
-        self._admit = client.register_script(_ADMIT)
         self._create_thread = client.register_script(_CREATE_THREAD)
-        self._if_holder = client.register_script(_IF_HOLDER)
+        self._register_line_scripts(client)
 
     # -- threads ----------------------------------------------------------------------------
 
@@ -174,10 +76,16 @@ class Store:
         """Create the tenant's thread unless it exists; returns its record and whether it
         is new. The record and its index entry are written in one step, or not at all."""
         stamp = now_iso()
-        record = ThreadRecord(thread_id, stamp, stamp, dict(metadata), tenant=tenant)
+        record = ThreadRecord(
+            thread_id, stamp, stamp, dict(metadata), tenant=tenant, state_updated_at=stamp
+        )
         fields = _thread_fields(record)  # serialised first: nothing is written if it fails
         created = await self._create_thread(
-            keys=[self._keys.thread(record.key), self._keys.threads(tenant)],
+            keys=[
+                self._keys.thread(record.key),
+                self._keys.threads(tenant),
+                self._keys.threads_updated(tenant),
+            ],
             args=[
                 thread_id,
                 time.time(),
@@ -203,26 +111,51 @@ class Store:
             metadata=loads(raw.get("metadata") or "{}"),
             status=raw.get("status", "idle"),
             tenant=tenant,
+            state_updated_at=raw.get("state_updated_at", raw["updated_at"]),
+            config=loads(raw.get("config") or "{}"),
         )
 
-    async def tag_thread(self, record: ThreadRecord, tags: dict[str, Any]) -> None:
-        """Add ``tags`` to the thread's metadata where it lacks them."""
-        missing = {k: v for k, v in tags.items() if k not in record.metadata}
-        if missing:
-            record.metadata.update(missing)
-            metadata = dumps(record.metadata).decode()
-            async with self._r.pipeline(transaction=True) as pipe:
-                pipe.hset(self._keys.thread(record.key), "metadata", metadata)
-                self._touch(pipe, record.key)
-                await pipe.execute()
+    async def note_run(
+        self, record: ThreadRecord, tags: dict[str, Any], config: dict[str, Any]
+    ) -> None:
+        """Add ``tags`` to the thread's metadata where it lacks them, and merge a run's
+        ``config`` into the thread's (the run's keys win, ``configurable`` merged too)."""
+        record.metadata.update({k: v for k, v in tags.items() if k not in record.metadata})
+        configurable = {**record.config.get("configurable", {}), **config.get("configurable", {})}
+        record.config = {**record.config, **config, "configurable": configurable}
+        fields = {
+            "metadata": dumps(record.metadata).decode(),
+            "config": dumps(record.config).decode(),
+        }
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.hset(self._keys.thread(record.key), mapping=fields)
+            self._touch(pipe, record.key)
+            await pipe.execute()
+
+    async def merge_thread_metadata(self, record: ThreadRecord, metadata: dict[str, Any]) -> None:
+        """Merge ``metadata`` into the thread's (its keys win) and restart its expiry."""
+        record.metadata.update(metadata)
+        record.updated_at = now_iso()
+        fields = {"metadata": dumps(record.metadata).decode(), "updated_at": record.updated_at}
+        key = self._keys.thread(record.key)
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.exists(key)
+            pipe.hset(key, mapping=fields)
+            self._touch(pipe, record.key, updated=True)
+            exists, *_ = await pipe.execute()
+        if not exists:  # deleted meanwhile: do not leave a half record behind
+            await self._r.delete(key)
 
     async def set_thread_status(self, thread: str, status: str) -> None:
         """Record the status of the thread with key ``thread`` (if it still exists)."""
         key = self._keys.thread(thread)
         async with self._r.pipeline(transaction=True) as pipe:
             pipe.exists(key)
-            pipe.hset(key, mapping={"status": status, "updated_at": now_iso()})
-            self._touch(pipe, thread)
+            stamp = now_iso()
+            pipe.hset(
+                key, mapping={"status": status, "updated_at": stamp, "state_updated_at": stamp}
+            )
+            self._touch(pipe, thread, updated=True)
             exists, *_ = await pipe.execute()
         if not exists:  # deleted meanwhile: do not leave a half record behind
             await self._r.delete(key)
@@ -239,6 +172,7 @@ class Store:
         async with self._r.pipeline(transaction=True) as pipe:
             pipe.delete(self._keys.thread(thread), self._keys.thread_runs(thread))
             pipe.zrem(self._keys.threads(tenant), thread_id)
+            pipe.zrem(self._keys.threads_updated(tenant), thread_id)
             for run_id in [] if keep_runs else run_ids:
                 pipe.delete(self._keys.run(run_id), self._keys.events(run_id))
             await pipe.execute()
@@ -252,33 +186,49 @@ class Store:
         metadata: dict[str, Any] | None = None,
         status: str | None = None,
         ids: list[str] | None = None,
+        sort_by: str = "updated_at",
+        descending: bool = True,
     ) -> list[ThreadRecord]:
-        """The tenant's threads newest first, filtered by metadata subset, status and ids."""
+        """The tenant's threads filtered by metadata subset, status and ids, ordered by
+        ``sort_by`` (most recent first by default)."""
+
+        def wanted(record: ThreadRecord) -> bool:
+            if status and record.status != status:
+                return False
+            return not metadata or all(record.metadata.get(k) == v for k, v in metadata.items())
+
+        if ids is None and sort_by in _INDEXED:
+            return await self._search_index(tenant, sort_by, descending, wanted, limit, offset)
+        if ids is None:
+            ids = list(await self._r.zrange(self._keys.threads(tenant), 0, -1))
+        found = [r for r in await self._threads(tenant, ids) if wanted(r)]
+        found.sort(key=lambda r: str(getattr(r, sort_by)), reverse=descending)
+        return found[offset : offset + limit]
+
+    async def _search_index(
+        self,
+        tenant: str,
+        sort_by: str,
+        descending: bool,
+        wanted: Callable[[ThreadRecord], bool],
+        limit: int,
+        offset: int,
+    ) -> list[ThreadRecord]:
+        """Matching threads, read page by page in the order of the index of ``sort_by``."""
+        index = (
+            self._keys.threads(tenant) if sort_by == "created_at" else await self._updated(tenant)
+        )
+        read = self._r.zrevrange if descending else self._r.zrange
         found: list[ThreadRecord] = []
-        skipped = 0
-        candidates = ids if ids is not None else None
-        position = 0
+        skipped = position = 0
         while len(found) < limit:
-            if candidates is None:
-                index = self._keys.threads(tenant)
-                page = await self._r.zrevrange(index, position, position + 199)
-                position += 200
-                if not page:
-                    break
-            else:
-                page, candidates = candidates, []
-                if not page:
-                    break
-            for thread_id in page:
-                record = await self.thread(thread_key(tenant, thread_id))
-                if record is None:
-                    if candidates is None:  # an index entry whose record expired
-                        await self._r.zrem(self._keys.threads(tenant), thread_id)
-                        position -= 1
-                    continue
-                if status and record.status != status:
-                    continue
-                if metadata and any(record.metadata.get(k) != v for k, v in metadata.items()):
+            page = await read(index, position, position + 199)
+            if not page:
+                break
+            records = await self._threads(tenant, page)
+            position += len(records)  # the entries of expired records left the index
+            for record in records:
+                if not wanted(record):
                     continue
                 if skipped < offset:
                     skipped += 1
@@ -287,6 +237,32 @@ class Store:
                 if len(found) >= limit:
                     break
         return found
+
+    async def _threads(self, tenant: str, ids: list[str]) -> list[ThreadRecord]:
+        """The records of the tenant's threads ``ids`` that exist, in that order; index
+        entries of records that expired are dropped."""
+        records = [await self.thread(thread_key(tenant, thread_id)) for thread_id in ids]
+        gone = [t for t, r in zip(ids, records, strict=True) if r is None]
+        if gone:
+            async with self._r.pipeline(transaction=False) as pipe:
+                pipe.zrem(self._keys.threads(tenant), *gone)
+                pipe.zrem(self._keys.threads_updated(tenant), *gone)
+                await pipe.execute()
+        return [r for r in records if r is not None]
+
+    async def _updated(self, tenant: str) -> str:
+        """The index by update time, with any thread the index by creation has and it
+        lacks (a thread written before it existed) added at its ``updated_at``."""
+        index = self._keys.threads_updated(tenant)
+        created = self._keys.threads(tenant)
+        if await self._r.zcard(index) >= await self._r.zcard(created):
+            return index
+        known = set(await self._r.zrange(index, 0, -1))
+        missing = [t for t in await self._r.zrange(created, 0, -1) if t not in known]
+        for record in await self._threads(tenant, missing):
+            stamp = datetime.fromisoformat(record.updated_at).timestamp()
+            await self._r.zadd(index, {record.thread_id: stamp})
+        return index
 
     # -- runs ---------------------------------------------------------------------------------
 
@@ -331,13 +307,19 @@ class Store:
             pipe.expire(self._keys.run(run_id), self._run_ttl)
             await pipe.execute()
 
-    async def request_cancel(self, run_id: str) -> None:
-        """Flag the run as to be cancelled (its owner checks the flag as it renews)."""
-        await self._r.hset(self._keys.run(run_id), "cancel", "1")
+    async def request_cancel(self, run_id: str, action: str = "interrupt") -> None:
+        """Flag the run as to be cancelled (its owner checks the flag as it renews), with
+        what to do then: ``interrupt`` or ``rollback``."""
+        await self._r.hset(self._keys.run(run_id), "cancel", action)
 
     async def cancel_requested(self, run_id: str) -> bool:
         """Whether someone asked to cancel the run."""
-        return bool(await self._r.hget(self._keys.run(run_id), "cancel"))
+        return await self.cancel_action(run_id) is not None
+
+    async def cancel_action(self, run_id: str) -> str | None:
+        """What a cancel request asked for (``None``: there is none)."""
+        action: str | None = await self._r.hget(self._keys.run(run_id), "cancel")
+        return action
 
     async def delete_run(self, run: RunRecord) -> None:
         """Forget a finished run."""
@@ -346,62 +328,17 @@ class Store:
             pipe.zrem(self._keys.thread_runs(run.thread_key), run.run_id)
             await pipe.execute()
 
-    # -- the thread lock and queue (by thread key) ----------------------------------------
-
-    async def admit(self, thread_id: str, run_id: str) -> bool:
-        """Let the run hold the thread if it is free and the run is first in line."""
-        keys = self._keys
-        return bool(
-            await self._admit(
-                keys=[keys.thread_lock(thread_id), keys.thread_queue(thread_id)],
-                args=[run_id, LOCK_TTL_MS, keys.run_alive_prefix],
-            )
-        )
-
-    async def enqueue(self, thread_id: str, run_id: str, *, first: bool = False) -> None:
-        """Put the run in the thread's line (at its head for ``first``)."""
-        keys = self._keys
-        async with self._r.pipeline(transaction=True) as pipe:
-            pipe.set(keys.run_alive(run_id), "1", px=LOCK_TTL_MS)
-            if first:
-                pipe.lpush(keys.thread_queue(thread_id), run_id)
-            else:
-                pipe.rpush(keys.thread_queue(thread_id), run_id)
-            pipe.expire(keys.thread_queue(thread_id), self._thread_ttl)
-            await pipe.execute()
-
-    async def still_waiting(self, run_id: str) -> None:
-        """Renew the mark that the run's replica still waits to start it."""
-        await self._r.set(self._keys.run_alive(run_id), "1", px=LOCK_TTL_MS)
-
-    async def leave_queue(self, thread_id: str, run_id: str) -> None:
-        """Take the run out of the thread's line."""
-        async with self._r.pipeline(transaction=True) as pipe:
-            pipe.lrem(self._keys.thread_queue(thread_id), 0, run_id)
-            pipe.delete(self._keys.run_alive(run_id))
-            await pipe.execute()
-
-    async def holder(self, thread_id: str) -> str | None:
-        """Id of the run holding the thread."""
-        result: str | None = await self._r.get(self._keys.thread_lock(thread_id))
-        return result
-
-    async def renew(self, thread_id: str, run_id: str) -> bool:
-        """Extend the run's hold on the thread; ``False`` if it lost it."""
-        lock = self._keys.thread_lock(thread_id)
-        return bool(await self._if_holder(keys=[lock], args=[run_id, LOCK_TTL_MS]))
-
-    async def release(self, thread_id: str, run_id: str) -> None:
-        """Free the thread if the run holds it."""
-        await self._if_holder(keys=[self._keys.thread_lock(thread_id)], args=[run_id, "release"])
-
-    def _touch(self, pipe: Any, thread: str) -> None:
-        """Restart the expiry of the thread's records: it changed."""
-        tenant, _ = split_thread_key(thread)
+    def _touch(self, pipe: Any, thread: str, *, updated: bool = False) -> None:
+        """Restart the expiry of the thread's records: it changed (``updated``: its
+        ``updated_at`` too, so it moves up the index by update time)."""
+        tenant, thread_id = split_thread_key(thread)
+        if updated:
+            pipe.zadd(self._keys.threads_updated(tenant), {thread_id: time.time()})
         for key in (
             self._keys.thread(thread),
             self._keys.thread_runs(thread),
             self._keys.threads(tenant),
+            self._keys.threads_updated(tenant),
         ):
             pipe.expire(key, self._thread_ttl)
 
@@ -411,8 +348,10 @@ def _thread_fields(record: ThreadRecord) -> dict[str, str]:
         "thread_id": record.thread_id,
         "created_at": record.created_at,
         "updated_at": record.updated_at,
+        "state_updated_at": record.state_updated_at or record.updated_at,
         "metadata": dumps(record.metadata).decode(),
         "status": record.status,
+        "config": dumps(record.config).decode(),
     }
 
 
@@ -446,7 +385,7 @@ def _run_from(raw: dict[str, str]) -> RunRecord:
         status=raw.get("status", "pending"),
         replica=raw.get("replica", ""),
         metadata=doc.get("metadata") or {},
-        multitask_strategy=doc.get("multitask_strategy", "reject"),
+        multitask_strategy=doc.get("multitask_strategy", "enqueue"),
         kwargs=doc.get("kwargs") or {},
         error=loads(raw["error"]) if raw.get("error") else None,
         cancel_requested=bool(raw.get("cancel")),

@@ -1,11 +1,13 @@
 """A run's stream parts as a server-sent-event response, from whichever replica.
 
-The response opens with ``event: metadata`` (``{"run_id": ..., "attempt": 1}``), then one
-event per stream part: ``event: values|updates|messages|custom|...`` (``|<namespace>``
-for subgraphs) with the part as JSON ``data`` and its log entry as ``id``, then ``event:
-error`` if the run failed. It closes after the run's last part. A ``Location`` header
-names the run's stream: the SDK reconnects there, with ``Last-Event-ID``, if the
-connection drops, and picks up where it left off, on any replica.
+The response opens with ``event: metadata`` (``{"run_id": ..., "attempt": 1}``; not on a
+reconnect, which has it), then one event per stream part: ``event:
+values|updates|messages|custom|...`` (``|<namespace>`` for subgraphs; ``messages/partial``
+and the like for the older messages form) with the part as JSON ``data`` and its log
+entry as ``id``, then ``event: error`` if the run failed. It closes after the run's last
+part. A ``Location`` header names the run's stream: the SDK reconnects there, with
+``Last-Event-ID``, if the connection drops, and picks up where it left off, on any
+replica.
 
 A client that goes away stops only its own response: the run goes on, unless the client
 asked to cancel on disconnect.
@@ -20,8 +22,8 @@ from fastapi.responses import StreamingResponse
 
 from orchestrator.server.encoding import SSE_HEARTBEAT, dumps, sse_frame
 from orchestrator.server.eventlog import END, FollowerDropped
+from orchestrator.server.records import RunRecord
 from orchestrator.server.runner import RunManager
-from orchestrator.server.store import RunRecord
 
 _PATH_SAFE = ":@!$&'()*+,;=-._~"
 """Characters a path segment carries as they are (RFC 3986's ``pchar``)."""
@@ -55,14 +57,16 @@ def sse_response(
     events: frozenset[str] | None,
     after: str = "0-0",
     cancel_on_disconnect: bool = False,
+    metadata: bool = True,
 ) -> StreamingResponse:
-    """Stream the run's parts (those named in ``events``; all for ``None``)."""
+    """Stream the run's parts (those named in ``events``; all for ``None``), opening with
+    its ``metadata`` event unless ``metadata`` is false (a reconnecting client has it)."""
     headers = {
         **run_locations(run),
         "Cache-Control": "no-store",
         "X-Accel-Buffering": "no",  # nginx: pass events through as they come
     }
-    body = _frames(runs, run, events, after, cancel_on_disconnect)
+    body = _frames(runs, run, events, after, cancel_on_disconnect, metadata)
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 
 
@@ -72,8 +76,10 @@ async def _frames(
     events: frozenset[str] | None,
     after: str,
     cancel_on_disconnect: bool,
+    metadata: bool,
 ) -> AsyncIterator[bytes]:
-    yield sse_frame("metadata", dumps({"run_id": run.run_id, "attempt": 1}))
+    if metadata:
+        yield sse_frame("metadata", dumps({"run_id": run.run_id, "attempt": 1}))
     ended = False
     try:
         async with runs.relay.follow(run.run_id, after) as follower:
@@ -99,4 +105,6 @@ async def _frames(
 
 
 def _base(event: str) -> str:
-    return event.partition("|")[0]
+    """The stream mode of an event: ``messages`` for the ``messages/partial`` of its older
+    form, ``values`` for ``values|<namespace>``."""
+    return event.partition("|")[0].partition("/")[0]

@@ -211,9 +211,10 @@ def test_background_run_is_got_listed_joined_and_replayed(server: ServerProcess)
     assert replay[0].event == "metadata"
     assert {p.event for p in replay[1:]} == {"values"}
     assert replay[-1].data == joined
-    # Resuming after the first values part: only later parts come.
-    assert resumed[0].event == "metadata" and resumed[1:]
-    assert all(parse_id(p.id) > parse_id(replay[1].id) for p in resumed[1:])
+    # Resuming after the first values part: only later parts come, without a second
+    # metadata event (the client has it).
+    assert resumed and all(parse_id(p.id) > parse_id(replay[1].id) for p in resumed)
+    assert {p.event for p in resumed} == {"values"}
 
 
 def test_cancel_stops_the_run_and_revokes_its_tool_tasks(
@@ -285,9 +286,10 @@ def test_client_leaving_a_stream_does_not_cancel_the_run(server: ServerProcess) 
     assert run(scenario())["messages"][-1]["content"] == "done: 1 results: slept 0.5"
 
 
-def test_busy_thread_conflicts_unless_enqueued(server: ServerProcess) -> None:
-    """Given a running run, then another run on its thread is a 409 by default, while
-    ``multitask_strategy="enqueue"`` runs after it; an existing thread id is a 409 too."""
+def test_busy_thread_queues_by_default_and_conflicts_on_reject(server: ServerProcess) -> None:
+    """Given a running run, then another run on its thread is queued after it by default
+    (as LangGraph's server does), while ``multitask_strategy="reject"`` is a 409; an
+    existing thread id is a 409 too."""
 
     async def scenario() -> tuple[Any, Any]:
         async with client(server) as c:
@@ -295,10 +297,10 @@ def test_busy_thread_conflicts_unless_enqueued(server: ServerProcess) -> None:
             tid = thread["thread_id"]
             first = await c.runs.create(tid, "agent", input=ask(("sleep_for", {"seconds": 1})))
             with pytest.raises(ConflictError):
-                await c.runs.create(tid, "agent", input={"messages": "second"})
-            queued = await c.runs.create(
-                tid, "agent", input={"messages": "third"}, multitask_strategy="enqueue"
-            )
+                await c.runs.create(
+                    tid, "agent", input={"messages": "refused"}, multitask_strategy="reject"
+                )
+            queued = await c.runs.create(tid, "agent", input={"messages": "third"})
             final = await c.runs.join(tid, queued["run_id"])
             with pytest.raises(ConflictError):
                 await c.threads.create(thread_id=tid)
@@ -309,6 +311,7 @@ def test_busy_thread_conflicts_unless_enqueued(server: ServerProcess) -> None:
     assert first["status"] == "success"
     contents = [m["content"] for m in final["messages"]]
     assert contents[-1] == "echo: third" and "done: 1 results: slept 1.0" in contents
+    assert "echo: refused" not in contents
 
 
 def test_interrupt_strategy_cancels_the_running_run(server: ServerProcess) -> None:
@@ -363,7 +366,7 @@ def test_malformed_bodies_are_422_naming_the_field(server: ServerProcess) -> Non
             with pytest.raises(UnprocessableEntityError, match="stream_mode"):
                 await c.runs.create(thread["thread_id"], "agent", stream_mode="sideways")
             with pytest.raises(UnprocessableEntityError, match="multitask_strategy"):
-                await c.runs.create(thread["thread_id"], "agent", multitask_strategy="rollback")
+                await c.runs.create(thread["thread_id"], "agent", multitask_strategy="later")
 
     run(scenario())
     headers = {"Authorization": f"Bearer {server.settings.api_tokens[0]}"}

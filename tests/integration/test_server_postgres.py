@@ -132,7 +132,9 @@ def test_run_on_one_replica_is_cancelled_from_another(
                     task_id = part.data["toolfleet"]["task_id"]
                     break
             with pytest.raises(ConflictError):  # the thread is busy on every replica
-                await on_b.runs.create(tid, "agent", input={"messages": "meanwhile"})
+                await on_b.runs.create(
+                    tid, "agent", input={"messages": "meanwhile"}, multitask_strategy="reject"
+                )
             t0 = time.monotonic()
             cancelled = await on_b.runs.cancel(tid, created["run_id"], wait=True)
             took = time.monotonic() - t0
@@ -144,3 +146,69 @@ def test_run_on_one_replica_is_cancelled_from_another(
     assert cancelled["status"] == "interrupted" and took < 5
     assert after["messages"][-1]["content"] == "echo: next"
     assert wait_for_states(prefork_fleet, [task_id], "REVOKED") == {task_id: "REVOKED"}
+
+
+def test_a_run_rolled_back_from_another_replica_leaves_no_checkpoint(
+    replicas: tuple[ServerProcess, ServerProcess],
+) -> None:
+    """Given a thread with one finished run and a second run on A in a 30 s tool call,
+    when B cancels the second with ``action="rollback"``, then the run's record and every
+    checkpoint it wrote are gone from Postgres: the thread is as the first run left it."""
+    a, b = replicas
+
+    async def scenario() -> tuple[Any, ...]:
+        async with client(a) as on_a, client(b) as on_b:
+            tid = (await on_a.threads.create())["thread_id"]
+            kept = await on_a.runs.wait(tid, "agent", input={"messages": "kept"})
+            before = await on_a.threads.get_history(tid, limit=50)
+            created = await on_a.runs.create(
+                tid, "agent", input=ask(("sleep_for", {"seconds": 30})), stream_mode="custom"
+            )
+            async for part in on_b.runs.join_stream(tid, created["run_id"]):
+                if part.event == "custom" and part.data["toolfleet"]["event"] == "started":
+                    break
+            await on_b.runs.cancel(tid, created["run_id"], wait=True, action="rollback")
+            history = await on_a.threads.get_history(tid, limit=50)
+            runs = await on_b.runs.list(tid)
+            state = await on_b.threads.get_state(tid)
+            thread = await on_a.threads.get(tid)
+            return kept, before, history, runs, state, thread
+
+    kept, before, history, runs, state, thread = run(scenario())
+
+    assert [h["checkpoint_id"] for h in history] == [h["checkpoint_id"] for h in before]
+    assert len(runs) == 1 and runs[0]["status"] == "success"
+    assert state["values"] == kept and thread["status"] == "idle"
+
+
+def test_a_copied_thread_has_the_same_checkpoints_in_postgres(
+    replicas: tuple[ServerProcess, ServerProcess],
+) -> None:
+    """Given a thread whose run made tool calls (checkpoints with channel blobs and
+    writes), when A copies it, then B reads the copy's history as the original's, and a
+    run on the copy continues from the copied messages without touching the original."""
+    a, b = replicas
+
+    async def scenario() -> tuple[Any, ...]:
+        async with client(a) as on_a, client(b) as on_b:
+            thread = await on_a.threads.create(metadata={"owner": "pg"})
+            tid = thread["thread_id"]
+            await on_a.runs.wait(tid, "agent", input=ask(("add", {"a": 2, "b": 3})))
+            copy = await on_a.threads.copy(tid)
+            original = await on_b.threads.get_history(tid, limit=100)
+            copied = await on_b.threads.get_history(copy["thread_id"], limit=100)
+            await on_b.runs.wait(copy["thread_id"], "agent", input=ask(("add", {"a": 1, "b": 1})))
+            after = await on_a.threads.get_state(tid)
+            grown = await on_a.threads.get_state(copy["thread_id"])
+            return copy, original, copied, after, grown
+
+    copy, original, copied, after, grown = run(scenario())
+
+    assert copy["metadata"]["owner"] == "pg"
+    assert [s["checkpoint"]["checkpoint_id"] for s in copied] == [
+        s["checkpoint"]["checkpoint_id"] for s in original
+    ]
+    assert [s["values"] for s in copied] == [s["values"] for s in original]
+    assert len(original) > 2
+    assert len(after["values"]["messages"]) == len(original[0]["values"]["messages"])
+    assert len(grown["values"]["messages"]) > len(after["values"]["messages"])

@@ -108,7 +108,7 @@ def test_another_tenant_gets_404_for_everything_of_a_thread(server: ServerProces
 
             # B may have a thread of the same id: a thread of its own, empty.
             mine = await b.threads.create(thread_id=tid)
-            assert mine["values"] == {} and mine["metadata"] == {}
+            assert mine["values"] is None and mine["metadata"] == {}
             echoed = await b.runs.wait(tid, "agent", input={"messages": "b here"})
             assert [m["content"] for m in echoed["messages"]] == ["b here", "echo: b here"]
             kept = await a1.threads.get_state(tid)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -23,10 +25,10 @@ from orchestrator.server.encoding import dumps, loads, sse_frame, thread_state
 from orchestrator.server.eventlog import parse_id
 from orchestrator.server.graph import ASSISTANT_ID, SCRIPTED, resolve_model
 from orchestrator.server.keys import Keys
+from orchestrator.server.records import RunRecord
 from orchestrator.server.runconfig import run_config
-from orchestrator.server.runner import recorded_modes
+from orchestrator.server.runstream import recorded_modes
 from orchestrator.server.schemas import HistoryRequest, RunCreate
-from orchestrator.server.store import RunRecord
 from orchestrator.server.streaming import event_filter
 from tests import server_models
 from tests.support.fleet import REPO
@@ -100,7 +102,29 @@ def test_given_a_snapshot_then_thread_state_has_the_protocol_fields() -> None:
         "parent_checkpoint",
         "tasks",
         "interrupts",
+        "checkpoint_id",
+        "parent_checkpoint_id",
     }
+    assert (state["checkpoint_id"], state["parent_checkpoint_id"]) == ("c2", "c1")
+
+
+def test_given_a_thread_without_checkpoints_then_its_state_has_a_null_checkpoint() -> None:
+    """LangGraph's server answers ``checkpoint: null`` there (UI code checks it)."""
+    empty = StateSnapshot(
+        values={},
+        next=(),
+        config={"configurable": {"thread_id": "t"}},
+        metadata=None,
+        created_at=None,
+        parent_config=None,
+        tasks=(),
+        interrupts=(),
+    )
+
+    state = thread_state(empty, "t")
+
+    assert state["checkpoint"] is None and state["parent_checkpoint"] is None
+    assert state["checkpoint_id"] is None
 
 
 def test_given_tokens_then_only_those_are_accepted() -> None:
@@ -143,11 +167,11 @@ def test_given_history_before_in_each_clients_form_then_it_names_the_checkpoint(
 def test_given_run_bodies_then_defaults_and_refusals_follow_the_protocol() -> None:
     body = RunCreate.model_validate({"assistant_id": "agent", "stream_mode": "updates"})
     assert body.stream_mode == ["updates"]
-    assert body.multitask_strategy == "reject" and body.on_disconnect == "continue"
+    assert body.multitask_strategy == "enqueue" and body.on_disconnect == "continue"
     assert RunCreate.model_validate({"assistant_id": "agent", "unknown": 1}).stream_mode == [
         "values"
     ]
-    for bad in ({"stream_mode": ["events"]}, {"multitask_strategy": "rollback"}):
+    for bad in ({"stream_mode": ["sideways"]}, {"multitask_strategy": "later"}):
         with pytest.raises(ValidationError) as caught:
             RunCreate.model_validate({"assistant_id": "agent", **bad})
         assert next(iter(bad)) in str(caught.value)
@@ -274,3 +298,45 @@ def test_given_a_bad_project_file_when_serve_starts_then_it_says_so_and_exits() 
     )
     assert done.returncode == 2
     assert "langgraph.json: cannot read it" in done.stderr
+
+
+def test_assistant_search_sorts_by_the_field_and_order_asked_for() -> None:
+    """Given three assistants, when searched with each sort, then they come in that
+    field's order (names ignoring case), ties in the project's order, newest first by
+    default."""
+    from types import SimpleNamespace
+
+    from orchestrator.server.routes.assistants import search_assistants
+    from orchestrator.server.schemas import AssistantSearch
+
+    def assistant(graph_id: str, name: str, created_at: str) -> dict[str, Any]:
+        return {
+            "assistant_id": f"id-{graph_id}",
+            "graph_id": graph_id,
+            "name": name,
+            "metadata": {},
+            "created_at": created_at,
+            "updated_at": created_at,
+        }
+
+    found = [
+        assistant("b", "beta", "2026-01-01T00:00:00+00:00"),
+        assistant("a", "Alpha", "2026-01-02T00:00:00+00:00"),
+        assistant("c", "gamma", "2026-01-01T00:00:00+00:00"),
+    ]
+
+    async def every(tenant: str) -> list[dict[str, Any]]:
+        return list(found)
+
+    svc = SimpleNamespace(assistants=SimpleNamespace(all=every))
+
+    def order(**sort: Any) -> list[str]:
+        search = search_assistants(svc, "tenant", AssistantSearch(**sort))  # type: ignore[arg-type]
+        answer = asyncio.run(search)
+        return [a["graph_id"] for a in answer]
+
+    assert order() == ["a", "b", "c"]
+    assert order(sort_by="created_at", sort_order="asc") == ["b", "c", "a"]
+    assert order(sort_by="name", sort_order="asc") == ["a", "b", "c"]
+    assert order(sort_by="name") == ["c", "b", "a"]
+    assert order(sort_by="graph_id", sort_order="asc", limit=2, offset=1) == ["b", "c"]

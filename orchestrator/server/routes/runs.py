@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
@@ -11,11 +11,12 @@ from fastapi.responses import StreamingResponse
 from orchestrator.server.errors import Conflict, NotFound, Unsupported
 from orchestrator.server.eventlog import parse_id
 from orchestrator.server.openapi import CONFLICT, NOT_FOUND, RUN_START
+from orchestrator.server.records import RunRecord
+from orchestrator.server.responses import Run
 from orchestrator.server.routes.threads import existing_thread
 from orchestrator.server.runconfig import thread_config
-from orchestrator.server.schemas import Run, RunCreate, RunId, RunStatus, ThreadId
+from orchestrator.server.schemas import CancelAction, RunCreate, RunId, RunStatus, ThreadId
 from orchestrator.server.services import Services, Svc, Tenant, json_response
-from orchestrator.server.store import RunRecord
 from orchestrator.server.streaming import event_filter, run_locations, sse_response
 
 router = APIRouter(tags=["runs"])
@@ -134,7 +135,9 @@ async def join_stream(
     cancel_on_disconnect: bool = False,
     last_event_id: Annotated[str | None, Header(max_length=64)] = None,
 ) -> StreamingResponse:
-    """Stream the run from its start (or after ``Last-Event-ID``), whichever replica runs it.
+    """Stream the run from its start (or after ``Last-Event-ID``), whichever replica runs it:
+    the modes the run was started with, or those of ``stream_mode``. Only a stream from the
+    start opens with ``metadata``.
 
     A ``Last-Event-ID`` that is not an event id of this server (``<ms>-<seq>``, ASCII
     digits, each part below 2**64) is a 422: resuming from the start instead would
@@ -146,12 +149,16 @@ async def join_stream(
         parse_id(after)
     except ValueError:
         raise Unsupported("Last-Event-ID is not an event id of this server") from None
+    asked = [m for m in stream_mode or () if m]  # the SDK sends "stream_mode=" for none
+    # As LangGraph's server: the modes the run streamed unless the client names some
+    # (not the ``custom`` every run records), and no second ``metadata`` on a reconnect.
     return sse_response(
         svc.runs,
         run,
-        events=event_filter(stream_mode),
+        events=event_filter(asked or run.kwargs.get("stream_mode") or ["values"]),
         after=after,
         cancel_on_disconnect=cancel_on_disconnect,
+        metadata=last_event_id is None,
     )
 
 
@@ -170,16 +177,21 @@ async def cancel_run(
     thread_id: ThreadId,
     run_id: RunId,
     wait: bool = False,
-    action: Literal["interrupt"] = "interrupt",
+    action: CancelAction = "interrupt",
 ) -> Any:
     """Cancel the run: its model call stops and its in-flight tool tasks are revoked.
 
-    With ``wait``, answers once the run has stopped. A finished run answers 409.
+    ``action=rollback`` also deletes the run and the checkpoints it wrote. With ``wait``,
+    answers once the run has stopped. A finished run answers 409.
     """
     run = await svc.runs.get_run(tenant, thread_id, run_id)
-    await svc.runs.cancel(run)
+    await svc.runs.cancel(run, action)
     if wait:
-        return json_response((await svc.runs.wait_done(run)).to_api())
+        try:
+            run = await svc.runs.wait_done(run)
+        except NotFound:  # rolled back: the record is gone
+            run.status = "interrupted"
+        return json_response(run.to_api())
     return json_response(run.to_api(), status_code=202)
 
 

@@ -10,6 +10,8 @@ from fastapi import APIRouter, Query, Response
 from orchestrator.server.encoding import thread_state
 from orchestrator.server.errors import Conflict, NotFound
 from orchestrator.server.openapi import CONFLICT, NOT_FOUND
+from orchestrator.server.records import ThreadRecord
+from orchestrator.server.responses import Thread, ThreadState
 from orchestrator.server.runconfig import thread_config
 from orchestrator.server.schemas import (
     ID_MAX_CHARS,
@@ -17,14 +19,11 @@ from orchestrator.server.schemas import (
     HistoryRequest,
     ItemId,
     StateAtCheckpoint,
-    Thread,
     ThreadCreate,
     ThreadId,
     ThreadSearch,
-    ThreadState,
 )
 from orchestrator.server.services import Services, Svc, Tenant, json_response
-from orchestrator.server.store import ThreadRecord
 from orchestrator.server.tenancy import thread_key
 
 router = APIRouter(prefix="/threads", tags=["threads"])
@@ -50,12 +49,15 @@ async def create_thread(svc: Svc, tenant: Tenant, body: ThreadCreate) -> Respons
     record, created = await svc.store.create_thread(tenant, thread_id, body.metadata)
     if not created and body.if_exists == "raise":
         raise Conflict(f"thread {thread_id} already exists")
-    return json_response(record.to_api(values=await _values(svc, record) if not created else {}))
+    return json_response(
+        record.to_api(values=await thread_values(svc, record) if not created else None)
+    )
 
 
 @router.post("/search", response_model=list[Thread])
 async def search_threads(svc: Svc, tenant: Tenant, body: ThreadSearch) -> Response:
-    """The tenant's threads, newest first, matching the metadata, status and ids given."""
+    """The tenant's threads matching the metadata, status and ids given, in the order
+    asked for (default: the most recently updated first)."""
     records = await svc.store.search_threads(
         tenant,
         limit=body.limit,
@@ -63,15 +65,17 @@ async def search_threads(svc: Svc, tenant: Tenant, body: ThreadSearch) -> Respon
         metadata=body.metadata,
         status=body.status,
         ids=body.ids,
+        sort_by=body.sort_by or "updated_at",
+        descending=body.sort_order != "asc",
     )
-    return json_response([r.to_api(values=await _values(svc, r)) for r in records])
+    return json_response([r.to_api(values=await thread_values(svc, r)) for r in records])
 
 
 @router.get("/{thread_id}", response_model=Thread, responses=NOT_FOUND)
 async def get_thread(svc: Svc, tenant: Tenant, thread_id: ThreadId) -> Response:
     """The thread, with the values of its latest checkpoint."""
     record = await existing_thread(svc, tenant, thread_id)
-    return json_response(record.to_api(values=await _values(svc, record)))
+    return json_response(record.to_api(values=await thread_values(svc, record)))
 
 
 @router.delete("/{thread_id}", status_code=204, responses=NOT_FOUND)
@@ -132,10 +136,11 @@ async def get_history(
     return await _history(svc, tenant, thread_id, limit, before, None, None)
 
 
-async def _values(svc: Services, record: ThreadRecord) -> Any:
+async def thread_values(svc: Services, record: ThreadRecord) -> Any:
+    """The values of the thread's latest checkpoint; ``None`` before it has one."""
     graph = await svc.graphs.for_thread(record.key, record.metadata)
     snapshot = await graph.aget_state(thread_config(record.key))
-    return snapshot.values
+    return snapshot.values if snapshot.created_at is not None else None
 
 
 async def _state(

@@ -1,0 +1,92 @@
+"""Response shapes of the Agent Protocol subset toolfleet serves, as ``langgraph-sdk``
+reads them (the request bodies are :mod:`orchestrator.server.schemas`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from orchestrator.server.schemas import RunStatus, ThreadStatus
+
+
+class AssistantVersion(BaseModel):
+    """One version of an assistant."""
+
+    assistant_id: str
+    graph_id: str
+    config: dict[str, Any]
+    context: dict[str, Any]
+    metadata: dict[str, Any]
+    name: str
+    description: str | None
+    version: int
+    created_at: str
+
+
+class Assistant(AssistantVersion):
+    """An assistant: a graph this server runs, with its config (one per graph is the
+    server's own; tenants create more): its current version, and when it last changed."""
+
+    updated_at: str
+
+
+class Thread(BaseModel):
+    """A conversation: its checkpoints live in the LangGraph checkpointer."""
+
+    thread_id: str
+    created_at: str
+    updated_at: str
+    state_updated_at: str
+    """When the thread's state (status, values) last changed."""
+    metadata: dict[str, Any]
+    status: ThreadStatus
+    config: dict[str, Any] = Field(default_factory=dict)
+    """The config of the thread's runs, merged run by run."""
+    values: Any = None
+    interrupts: dict[str, Any] = Field(default_factory=dict)
+
+
+class Run(BaseModel):
+    """One invocation of the agent on a thread."""
+
+    run_id: str
+    thread_id: str
+    assistant_id: str
+    created_at: str
+    updated_at: str
+    status: RunStatus
+    metadata: dict[str, Any]
+    multitask_strategy: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    replica: str | None = None
+    """The orchestrator replica executing the run (toolfleet extension)."""
+    error: dict[str, Any] | None = None
+    """``{"error": type, "message": text}`` of a failed run (toolfleet extension)."""
+
+
+class ThreadState(BaseModel):
+    """A checkpoint of a thread: its values and what runs next."""
+
+    values: Any
+    next: list[str]
+    checkpoint: dict[str, Any] | None
+    """The checkpoint (``null`` for a thread without any yet)."""
+    metadata: dict[str, Any] | None
+    created_at: str | None
+    parent_checkpoint: dict[str, Any] | None
+    tasks: list[dict[str, Any]]
+    interrupts: list[Any]
+    checkpoint_id: str | None = None
+    """The checkpoint's id (deprecated in LangGraph's protocol, still sent)."""
+    parent_checkpoint_id: str | None = None
+    """The parent checkpoint's id (likewise)."""
+
+
+class ThreadUpdated(BaseModel):
+    """What ``POST /threads/{thread_id}/state`` answers: the new checkpoint."""
+
+    checkpoint: dict[str, Any]
+    configurable: dict[str, Any]
+    """The same as ``checkpoint`` (older clients read this)."""
+    checkpoint_id: str
