@@ -3,19 +3,21 @@
 Every agent is ``create_agent`` with a :class:`~orchestrator.scripted.ScriptedChatModel`,
 so the model costs microseconds and what is measured is the tool phase. The local
 baseline has the real built-in tools and no toolfleet middleware (its tools run in a
-local ``ToolNode``); the remote agent binds the schema-only tools the workers publish
-and adds :class:`~orchestrator.middleware.CeleryToolMiddleware`.
+local ``ToolNode``), and again with a pass-through middleware of the same hooks as
+toolfleet's (:class:`SameHooks`); the remote agent binds the schema-only tools the
+workers publish and adds :class:`~orchestrator.middleware.CeleryToolMiddleware`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware, hook_config
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.tools import BaseTool
 
@@ -92,6 +94,36 @@ def local_tools() -> list[BaseTool]:
 def local_agent(model: ScriptedChatModel) -> Any:
     """``create_agent`` with the real tools and no toolfleet: tools run in this process."""
     return create_agent(model, local_tools())
+
+
+class SameHooks(AgentMiddleware):
+    """A middleware with the hooks :class:`CeleryToolMiddleware` has (model call, tool
+    call, after model; sync and async), each passing straight on: what LangChain's agent
+    costs with such a middleware in it, and no toolfleet."""
+
+    def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        return handler(request)
+
+    async def awrap_model_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        return await handler(request)
+
+    def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        return handler(request)
+
+    async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        return await handler(request)
+
+    @hook_config(can_jump_to=["model"])
+    def after_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        return None
+
+    async def aafter_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
+        return None
+
+
+def hooks_agent(model: ScriptedChatModel) -> Any:
+    """:func:`local_agent` with :class:`SameHooks`: the tools run here, through the hooks."""
+    return create_agent(model, local_tools(), middleware=[SameHooks()])
 
 
 def fleet_agent(model: ScriptedChatModel, dispatcher: CeleryDispatcher) -> Any:

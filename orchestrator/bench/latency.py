@@ -5,6 +5,11 @@ side by side, interleaved so drift on a noisy machine hits them all alike:
 
 * ``local_sync`` / ``local_async``: ``create_agent`` with the real ``echo`` tool and no
   toolfleet (a local ``ToolNode``): the agent loop's own cost.
+* ``hooks_sync`` / ``hooks_async``: the local run with a pass-through middleware of
+  the same hooks as toolfleet's (:class:`~orchestrator.bench.agents.SameHooks`): what
+  LangChain's agent costs with such a middleware. In async runs LangChain traces each
+  middleware's model and tool hook with LangSmith's ``traceable``, whose async wrapper
+  takes two trips to a thread per call, tracing on or off (a sync run makes none).
 * ``toolfleet_sync`` / ``toolfleet_async``: the same run with
   :class:`~orchestrator.middleware.CeleryToolMiddleware`; the call runs on a worker.
 
@@ -18,7 +23,8 @@ and three floors, through the same broker and the same workers:
 * ``redis_rtt``: a child process answering BLPOP with LPUSH; the two-process floor.
 
 toolfleet's added latency per call is ``toolfleet_<mode> - local_<mode>`` per round (the
-two run back to back), summarised: its median and p99.
+two run back to back), summarised: its median and p99. Its own share is
+``toolfleet_<mode> - hooks_<mode>``: what it adds beyond having a middleware at all.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from orchestrator.bench.agents import (
     Runner,
     check_results,
     fleet_agent,
+    hooks_agent,
     local_agent,
     one_turn_model,
 )
@@ -46,6 +53,8 @@ from tool_workers.protocol import ToolRequest
 MODES = (
     "local_sync",
     "local_async",
+    "hooks_sync",
+    "hooks_async",
     "toolfleet_sync",
     "toolfleet_async",
     "celery_noop",
@@ -107,7 +116,7 @@ def celery_round_trip(dispatcher: CeleryDispatcher, task: str) -> float:
         request = ToolRequest(
             tool="echo", call_id="bench", args={"text": "hi"}, idempotency_key=uuid.uuid4().hex
         )
-        result = app.send_task("tools.echo", args=(request.model_dump(mode="json"),))
+        result = app.send_task("tools.echo", args=(request.to_wire(),))
     # Workers refuse Celery's own tasks and store a failure for them: the no-op's round
     # trip (publish, fetch, store, notify) is the same either way, so it is not raised.
     result.get(timeout=30, propagate=False)
@@ -125,6 +134,7 @@ def run_latency(
     pingpong = RedisPingPong(broker_url)
     call = [("echo", {"text": "hi"})]
     local = local_agent(one_turn_model(call))
+    hooks = hooks_agent(one_turn_model(call))
     remote = fleet_agent(one_turn_model(call), dispatcher)
 
     def agent_run(agent: Any, mode: str) -> Callable[[], float]:
@@ -140,6 +150,8 @@ def run_latency(
     samplers: dict[str, Callable[[], float]] = {
         "local_sync": agent_run(local, "sync"),
         "local_async": agent_run(local, "async"),
+        "hooks_sync": agent_run(hooks, "sync"),
+        "hooks_async": agent_run(hooks, "async"),
         "toolfleet_sync": agent_run(remote, "sync"),
         "toolfleet_async": agent_run(remote, "async"),
         "celery_noop": lambda: celery_round_trip(dispatcher, "noop"),
@@ -165,10 +177,20 @@ def run_latency(
         for mode in ("sync", "async")
     }
     added = {mode: stats["median"] for mode, stats in added_by_mode.items()}
+    own = {
+        mode: added_latency(samples[f"toolfleet_{mode}"], samples[f"hooks_{mode}"])["median"]
+        for mode in ("sync", "async")
+    }
     added_p99 = {mode: stats["p99"] for mode, stats in added_by_mode.items()}
     floors = {name: modes[f"celery_{name}"]["median"] for name in ("noop", "echo")}
     ratios = {
         mode: {name: added[mode] / floor if floor else 0.0 for name, floor in floors.items()}
         for mode in added
     }
-    return {"modes": modes, "added": added, "added_p99": added_p99, "ratios": ratios}
+    return {
+        "modes": modes,
+        "added": added,
+        "added_p99": added_p99,
+        "own": own,
+        "ratios": ratios,
+    }

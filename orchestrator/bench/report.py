@@ -1,115 +1,19 @@
-"""What ``toolfleet bench`` reports: targets, tables (rich and Markdown), JSON, a plot."""
+"""What ``toolfleet bench`` reports: tables (rich and Markdown), JSON, a plot (the
+targets it checks are :mod:`orchestrator.bench.targets`)."""
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.bench.targets import FANOUT_LIMITS, FANOUT_TARGET_SLEEP
+
 Section = tuple[str, list[str], list[list[str]]]
 """A table: title, column headers, rows of cells."""
-
-FANOUT_LIMITS = {100: 0.65, 500: 1.0}
-"""Tool-phase targets (seconds) of a fan-out of ``sleep(0.5 s)``, by N."""
-FANOUT_TARGET_SLEEP = 0.5
-
-
-def _target(tid: str, what: str, value: float, op: str, limit: float, unit: str) -> dict[str, Any]:
-    passed = value <= limit if op == "<=" else value >= limit
-    return {
-        "id": tid,
-        "what": what,
-        "value": value,
-        "op": op,
-        "limit": limit,
-        "unit": unit,
-        "pass": passed,
-    }
-
-
-def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets that this report measured, each with PASS (True) or MISS."""
-    out: list[dict[str, Any]] = []
-    scenarios = report["scenarios"]
-    latency = scenarios.get("latency", {})
-    if "added" in latency:
-        floor = latency["modes"]["celery_noop"]["median"]
-        for mode in ("sync", "async"):
-            ratio = latency["added"][mode] / floor if floor else math.inf
-            out.append(
-                _target(
-                    f"a.{mode}",
-                    f"added latency per call, {mode} / Celery no-op",
-                    ratio,
-                    "<=",
-                    1.2,
-                    "x",
-                )
-            )
-    fanout = scenarios.get("fanout", {})
-    if fanout.get("seconds") == FANOUT_TARGET_SLEEP:
-        for point in fanout["points"]:
-            limit = FANOUT_LIMITS.get(point["n"])
-            if limit is not None and point["tool_phase"]["count"]:
-                out.append(
-                    _target(
-                        f"b.n{point['n']}.{point['mode']}",
-                        f"fan-out tool phase, N = {point['n']}, {point['mode']}",
-                        point["tool_phase"]["median"],
-                        "<=",
-                        limit,
-                        "s",
-                    )
-                )
-    dispatch = fanout.get("dispatch")
-    if dispatch and dispatch["n"] == 100:
-        for mode in ("sync", "async"):
-            out.append(
-                _target(
-                    f"b.dispatch.{mode}",
-                    f"publish N = 100 calls, {mode}",
-                    dispatch["wall"][mode]["median"] * 1000,
-                    "<=",
-                    20.0,
-                    "ms",
-                )
-            )
-    throughput = scenarios.get("throughput", {})
-    if "ratio" in throughput:
-        out.append(
-            _target(
-                "c",
-                f"throughput, {throughput['runs']} runs / raw Celery",
-                throughput["ratio"],
-                ">=",
-                0.8,
-                "x",
-            )
-        )
-    for mode, memory in scenarios.get("memory", {}).get("modes", {}).items():
-        out.append(
-            _target(
-                f"d.{mode}",
-                f"RSS per in-flight call, {mode}",
-                memory["kib_per_call"],
-                "<=",
-                50.0,
-                "KiB",
-            )
-        )
-    if "leaks" in report:
-        leaked = sum(report["leaks"].values())
-        out.append(_target("d.leaks", "leaked subscriptions and futures", leaked, "<=", 0, ""))
-    scale = {p["workers"]: p for p in scenarios.get("scale", {}).get("points", [])}
-    if 1 in scale and 4 in scale:
-        out.append(
-            _target("e", "throughput 4 workers / 1 worker", scale[4]["ratio"], ">=", 3.5, "x")
-        )
-    return out
 
 
 def _ms(seconds: float) -> str:
@@ -131,6 +35,8 @@ def sections(report: dict[str, Any]) -> list[Section]:
         names = {
             "local_sync": "local ToolNode, invoke",
             "local_async": "local ToolNode, ainvoke",
+            "hooks_sync": "local ToolNode + pass-through middleware, invoke",
+            "hooks_async": "local ToolNode + pass-through middleware, ainvoke",
             "toolfleet_sync": "toolfleet, invoke",
             "toolfleet_async": "toolfleet, ainvoke",
             "celery_noop": "raw Celery no-op round trip",
@@ -149,6 +55,29 @@ def sections(report: dict[str, Any]) -> list[Section]:
                     "",
                 ]
             )
+        sync_added = latency["added"]["sync"]
+        rows.append(
+            [
+                "toolfleet added per call, async / sync",
+                f"{latency['added']['async'] / sync_added:.2f} x" if sync_added > 0 else "-",
+                "",
+                "",
+            ]
+        )
+        for mode in ("sync", "async"):
+            rows.append(
+                [f"toolfleet's own share, {mode} (over the pass-through middleware)",
+                 _ms(latency["own"][mode]), "", ""]
+            )  # fmt: skip
+        sync_own = latency["own"]["sync"]
+        rows.append(
+            [
+                "toolfleet's own share, async / sync",
+                f"{latency['own']['async'] / sync_own:.2f} x" if sync_own > 0 else "-",
+                "",
+                "",
+            ]
+        )
         out.append(("a. One echo call, whole agent run", ["", "median", "p99", "n"], rows))
     fanout = scenarios.get("fanout", {})
     if "points" in fanout:
@@ -257,6 +186,7 @@ def sections(report: dict[str, Any]) -> list[Section]:
             f"threads pool of {scale['concurrency']} per worker"
         )
         out.append((title, ["workers", "tool phase", "calls/s", "ideal", "vs 1 worker"], rows))
+    out.extend(_links_sections(scenarios.get("links", {})))
     errors = [[name, s["error"]] for name, s in scenarios.items() if "error" in s]
     if errors:
         out.append(("Scenarios that did not finish", ["scenario", "error"], errors))
@@ -274,7 +204,50 @@ def sections(report: dict[str, Any]) -> list[Section]:
     return out
 
 
-_TEXT_COLUMNS = {"mode", "target", "error"}
+def _links_sections(links: dict[str, Any]) -> list[Section]:
+    if "points" not in links:
+        return []
+    rows = [
+        [
+            f"{p['delay_ms']} ms",
+            _ms(p["added"]["median"]),
+            _s(p["fanout_phase"]["sync"]["median"]),
+            _s(p["fanout_phase"]["async"]["median"]),
+            f"{p['round_trips']['orchestrator_total']:.2f}",
+            f"{p['round_trips']['worker_beyond_delivery']:.2f}",
+        ]
+        for p in links["points"]
+    ]
+    title = (
+        f"f. Slow links: round-trip delay added between each host and Redis; one echo call "
+        f"(sync) and {links['fanout']} x sleep({links['seconds']:g} s)"
+    )
+    headers = [
+        "added delay",
+        "added per call",
+        "fan-out sync",
+        "fan-out async",
+        "round trips orchestrator",
+        "round trips worker (beyond delivery)",
+    ]
+    out: list[Section] = [(title, headers, rows)]
+    kinds = [
+        [f"{p['delay_ms']} ms", side, kind, f"{count:.2f}"]
+        for p in links["points"]
+        for side in ("orchestrator", "worker")
+        for kind, count in p["round_trips"][side].items()
+    ]
+    out.append(
+        (
+            "f. Round trips per call, counted by the delay proxies, by Redis commands",
+            ["added delay", "side", "commands", "per call"],
+            kinds,
+        )
+    )
+    return out
+
+
+_TEXT_COLUMNS = {"mode", "target", "error", "side", "commands"}
 
 
 def print_tables(report: dict[str, Any], console: Console) -> None:

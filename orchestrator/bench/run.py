@@ -10,6 +10,8 @@ Benchmarks are not timed tests: they print tables and write a report. The scenar
 * c. ``throughput``: calls per second with K concurrent runs, against raw Celery.
 * d. ``memory``: orchestrator RSS per in-flight call; nothing leaked after the runs.
 * e. ``scale``: a sleep-bound fan-out on 1, 2 and 4 worker processes.
+* f. ``links``: one call and a fan-out with 0, 20 and 50 ms of round-trip delay added
+  between the hosts and Redis, with the round trips a call costs, counted.
 
 It starts what it needs: an embedded server and ``celery worker`` processes (or only
 the workers, on the broker the settings name, with ``use_settings``), and stops them.
@@ -30,6 +32,7 @@ from rich.console import Console
 from orchestrator.bench.fanout import run_dispatch_cost, run_fanout
 from orchestrator.bench.fleet import BenchFleet, load_average, machine_info
 from orchestrator.bench.latency import run_latency
+from orchestrator.bench.links import run_links
 from orchestrator.bench.load import run_scale, run_throughput
 from orchestrator.bench.measure import bounded
 from orchestrator.bench.memory import leaks, run_memory
@@ -37,13 +40,20 @@ from orchestrator.bench.report import (
     markdown,
     print_tables,
     require_matplotlib,
-    targets,
     write_json,
     write_plot,
 )
+from orchestrator.bench.targets import targets
 from orchestrator.cli.progress import cli_console, elapsed
 
-SCENARIOS = {"a": "latency", "b": "fanout", "c": "throughput", "d": "memory", "e": "scale"}
+SCENARIOS = {
+    "a": "latency",
+    "b": "fanout",
+    "c": "throughput",
+    "d": "memory",
+    "e": "scale",
+    "f": "links",
+}
 """Scenario ids of the issue and their names (``--only`` takes either)."""
 
 REPORT_SCHEMA = 1
@@ -73,6 +83,12 @@ class Plan:
     scale_calls: int = 160
     scale_seconds: float = 0.2
     scale_repeats: int = 3
+    links_delays_ms: tuple[int, ...] = (0, 20, 50)
+    links_calls: int = 20
+    links_fanout: int = 50
+    links_seconds: float = 0.5
+    links_repeats: int = 3
+    links_concurrency: int = 64
     bound: float = 300.0
     """Seconds any one scenario may run before it is abandoned and reported as an error."""
 
@@ -97,6 +113,11 @@ QUICK = Plan(
     scale_calls=16,
     scale_seconds=0.1,
     scale_repeats=1,
+    links_calls=3,
+    links_fanout=5,
+    links_seconds=0.2,
+    links_repeats=1,
+    links_concurrency=8,
     bound=60.0,
 )
 
@@ -145,7 +166,7 @@ def run_bench(
         )
         main = fleet.settings("main")
         main_workers = []
-        if any(name != "scale" for name in wanted):
+        if any(name not in ("scale", "links") for name in wanted):
             console.print(
                 f"starting {plan.fleet_workers} worker(s), threads pool of {plan.fleet_concurrency}"
             )
@@ -196,11 +217,21 @@ def run_bench(
                 seconds=plan.scale_seconds,
                 repeats=plan.scale_repeats,
             ),
+            "links": lambda: run_links(
+                fleet,
+                delays_ms=plan.links_delays_ms,
+                calls=plan.links_calls,
+                fanout=plan.links_fanout,
+                seconds=plan.links_seconds,
+                repeats=plan.links_repeats,
+                concurrency=plan.links_concurrency,
+            ),
         }
         for name in wanted:
-            if name == "scale":
-                # The scale workers get the machine to themselves.
+            if name in ("scale", "links"):
+                # These scenarios' workers get the machine to themselves.
                 fleet.stop_workers(main_workers)
+                main_workers = []
             t0 = time.perf_counter()
             console.print(f"scenario {name} ...")
             try:

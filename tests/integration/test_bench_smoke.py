@@ -81,8 +81,16 @@ def test_quick_bench_writes_a_complete_report(tmp_path: Path) -> None:
     assert {p["mode"] for p in report["scenarios"]["fanout"]["points"]} == {"sync", "async"}
     assert [p["workers"] for p in report["scenarios"]["scale"]["points"]] == [1, 2, 4]
     assert report["leaks"] == {"in_flight": 0, "pending": 0, "subscriptions": 0}
+    links = report["scenarios"]["links"]["points"]
+    assert [p["delay_ms"] for p in links] == [0, 20, 50]
+    for point in links:
+        trips = point["round_trips"]
+        assert trips["orchestrator"] and trips["worker"], trips
+        assert point["fanout_phase"]["sync"]["count"] == point["fanout_phase"]["async"]["count"]
     ids = {t["id"] for t in report["targets"]}
     assert {"a.sync", "a.async", "c", "d.sync", "d.async", "d.leaks", "e"} <= ids
+    assert {"f.rt0", "f.rt20", "f.rt50"} <= ids
     assert all(isinstance(t["pass"], bool) for t in report["targets"])
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Targets" in done.stdout
+    assert "f. Slow links" in done.stdout and "async / sync" in done.stdout

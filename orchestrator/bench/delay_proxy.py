@@ -6,17 +6,55 @@ delay is added here, in user space: each chunk read from one side is written to 
 the proxy therefore costs at least ``2 * delay``. The proxy runs its own event loop in a
 daemon thread and listens on the address it is given (loopback or a test network's
 address) only.
+
+It also counts what crosses it, so a benchmark can say how many round trips a call
+costs: an *exchange* is a burst of bytes from the client answered by the server (a
+request, or a pipeline of requests, and its reply). Bytes the server sends unasked (a
+pub/sub message) end the client's turn without counting. For Redis clients the command
+names of each exchange are read from the request (RESP arrays), so the count can be
+broken down by what the round trip was for (``BRPOP``, ``EVALSHA``, ``ZADD+HSET``...).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import re
 import threading
 import time
 from types import TracebackType
 
 CHUNK = 65536
+
+_COMMAND = re.compile(rb"\*\d+\r\n\$\d+\r\n([A-Za-z]+)\r\n")
+"""The name of a command in a RESP request (the first element of its array)."""
+
+
+class Exchanges:
+    """Request/reply exchanges seen by a proxy, by what they asked for."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.kinds: collections.Counter[str] = collections.Counter()
+
+    def count(self, request: bytes) -> None:
+        """One more exchange, opened by ``request`` (its first chunk)."""
+        self.total += 1
+        names = dict.fromkeys(m.decode().upper() for m in _COMMAND.findall(request))
+        self.kinds["+".join(names) or "?"] += 1
+
+    def snapshot(self) -> tuple[int, dict[str, int]]:
+        """The total and the counts by kind so far."""
+        return self.total, dict(self.kinds)
+
+
+class _Turn:
+    """Whose turn it is on one connection: a client chunk after a reply opens an
+    exchange; more client chunks before the reply belong to it."""
+
+    def __init__(self) -> None:
+        self.client_waiting = False
 
 
 class DelayProxy:
@@ -37,6 +75,8 @@ class DelayProxy:
         self.listen_host = listen_host
         self.port = 0
         self.connections = 0
+        self.exchanges = Exchanges()
+        """Every exchange through this proxy (read them between two snapshots)."""
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -67,12 +107,15 @@ class DelayProxy:
         except (OSError, TimeoutError):
             writer.close()
             return
-        for src, dst in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.ensure_future(self._pipe(src, dst))
+        turn = _Turn()
+        for src, dst, upstream in ((reader, up_writer, True), (up_reader, writer, False)):
+            task = asyncio.ensure_future(self._pipe(src, dst, turn, upstream))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, turn: _Turn, upstream: bool
+    ) -> None:
         # Chunks wait in a queue with their arrival time, so the delay never reorders
         # bytes nor slows the reads down (bandwidth stays; only latency is added).
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
@@ -80,6 +123,9 @@ class DelayProxy:
         try:
             while True:
                 data = await src.read(CHUNK)
+                if data and upstream and not turn.client_waiting:
+                    self.exchanges.count(data)
+                turn.client_waiting = upstream
                 queue.put_nowait((time.monotonic(), data))
                 if not data:
                     break

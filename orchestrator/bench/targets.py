@@ -1,0 +1,140 @@
+"""The targets ``toolfleet bench`` checks its numbers against, and the verdicts."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+FANOUT_LIMITS = {100: 0.65, 500: 1.0}
+"""Tool-phase targets (seconds) of a fan-out of ``sleep(0.5 s)``, by N."""
+FANOUT_TARGET_SLEEP = 0.5
+
+
+def _target(tid: str, what: str, value: float, op: str, limit: float, unit: str) -> dict[str, Any]:
+    passed = value <= limit if op == "<=" else value >= limit
+    return {
+        "id": tid,
+        "what": what,
+        "value": value,
+        "op": op,
+        "limit": limit,
+        "unit": unit,
+        "pass": passed,
+    }
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets that this report measured, each with PASS (True) or MISS."""
+    out: list[dict[str, Any]] = []
+    scenarios = report["scenarios"]
+    latency = scenarios.get("latency", {})
+    if "added" in latency:
+        floor = latency["modes"]["celery_noop"]["median"]
+        for mode in ("sync", "async"):
+            ratio = latency["added"][mode] / floor if floor else math.inf
+            out.append(
+                _target(
+                    f"a.{mode}",
+                    f"added latency per call, {mode} / Celery no-op",
+                    ratio,
+                    "<=",
+                    1.2,
+                    "x",
+                )
+            )
+        sync_added = latency["added"]["sync"]
+        if sync_added > 0:  # a ratio to nothing (noise in a quick run) says nothing
+            out.append(
+                _target(
+                    "a.async_vs_sync",
+                    "added latency per call, async / sync (same run)",
+                    latency["added"]["async"] / sync_added,
+                    "<=",
+                    1.0,
+                    "x",
+                )
+            )
+        sync_own = latency["own"]["sync"]
+        if sync_own > 0:
+            out.append(
+                _target(
+                    "a.own_async_vs_sync",
+                    "toolfleet's own share per call (over a pass-through middleware), async / sync",
+                    latency["own"]["async"] / sync_own,
+                    "<=",
+                    1.0,
+                    "x",
+                )
+            )
+    fanout = scenarios.get("fanout", {})
+    if fanout.get("seconds") == FANOUT_TARGET_SLEEP:
+        for point in fanout["points"]:
+            limit = FANOUT_LIMITS.get(point["n"])
+            if limit is not None and point["tool_phase"]["count"]:
+                out.append(
+                    _target(
+                        f"b.n{point['n']}.{point['mode']}",
+                        f"fan-out tool phase, N = {point['n']}, {point['mode']}",
+                        point["tool_phase"]["median"],
+                        "<=",
+                        limit,
+                        "s",
+                    )
+                )
+    dispatch = fanout.get("dispatch")
+    if dispatch and dispatch["n"] == 100:
+        for mode in ("sync", "async"):
+            out.append(
+                _target(
+                    f"b.dispatch.{mode}",
+                    f"publish N = 100 calls, {mode}",
+                    dispatch["wall"][mode]["median"] * 1000,
+                    "<=",
+                    20.0,
+                    "ms",
+                )
+            )
+    throughput = scenarios.get("throughput", {})
+    if "ratio" in throughput:
+        out.append(
+            _target(
+                "c",
+                f"throughput, {throughput['runs']} runs / raw Celery",
+                throughput["ratio"],
+                ">=",
+                0.8,
+                "x",
+            )
+        )
+    for mode, memory in scenarios.get("memory", {}).get("modes", {}).items():
+        out.append(
+            _target(
+                f"d.{mode}",
+                f"RSS per in-flight call, {mode}",
+                memory["kib_per_call"],
+                "<=",
+                50.0,
+                "KiB",
+            )
+        )
+    if "leaks" in report:
+        leaked = sum(report["leaks"].values())
+        out.append(_target("d.leaks", "leaked subscriptions and futures", leaked, "<=", 0, ""))
+    scale = {p["workers"]: p for p in scenarios.get("scale", {}).get("points", [])}
+    if 1 in scale and 4 in scale:
+        out.append(
+            _target("e", "throughput 4 workers / 1 worker", scale[4]["ratio"], ">=", 3.5, "x")
+        )
+    for point in scenarios.get("links", {}).get("points", []):
+        trips = point["round_trips"]
+        out.append(
+            _target(
+                f"f.rt{point['delay_ms']}",
+                f"round trips per call beyond the broker's delivery, {point['delay_ms']} ms link",
+                trips["orchestrator_total"] + trips["worker_beyond_delivery"],
+                "<=",
+                2.0,
+                "",
+            )
+        )
+    return out
