@@ -10,6 +10,7 @@ skips.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +22,8 @@ from blockbuster import blockbuster_ctx
 
 from orchestrator.dispatch.fleet import close_all
 from orchestrator.local import EmbeddedRedis, WorkerProcess, delete_keys
-from tests.support.fleet import RUN_ID, fleet_settings, worker_env
+from tests.support.amqp import AMQP_NAMESPACES, amqp_problem, brokers, delete_namespace
+from tests.support.fleet import RUN_ID, TEST_QUEUES, fleet_settings, new_namespace, worker_env
 from tool_workers.settings import Settings
 
 SCANNED_MODULES = ["orchestrator", "tool_workers"]
@@ -44,6 +46,51 @@ def redis_url() -> Iterator[str]:
         return
     with EmbeddedRedis() as server:
         yield server.url
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> Iterator[str]:
+    """URL of the RabbitMQ server the RabbitMQ cases use (``TOOLFLEET_TEST_AMQP_URL``).
+
+    Those cases are generated only when the variable is set (``.ci/run`` sets it when
+    RabbitMQ answers); set but not answering fails them, naming the server.
+    """
+    url = os.environ.get("TOOLFLEET_TEST_AMQP_URL")
+    if not url:
+        pytest.fail("a RabbitMQ case ran without TOOLFLEET_TEST_AMQP_URL")
+    problem = amqp_problem(url)
+    if problem is not None:
+        pytest.fail(f"TOOLFLEET_TEST_AMQP_URL={url} does not answer: {problem}")
+    yield url
+    for namespace in AMQP_NAMESPACES:
+        delete_namespace(url, namespace, TEST_QUEUES)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # A test asking for ``broker`` runs on Redis, and on RabbitMQ too where one is set.
+    if "broker" in metafunc.fixturenames:
+        metafunc.parametrize("broker", brokers(), indirect=True)
+
+
+@pytest.fixture
+def broker(request: pytest.FixtureRequest) -> str:
+    """The broker a test runs on: ``redis`` or ``rabbitmq`` (parametrized)."""
+    return str(request.param)
+
+
+@pytest.fixture
+def broker_settings(
+    broker: str, request: pytest.FixtureRequest, redis_url: str
+) -> Iterator[dict[str, Any]]:
+    """Settings overrides for the test's broker: RabbitMQ for calls with Redis for the
+    rest, or nothing (Redis for all). A RabbitMQ test's queues are deleted at the end."""
+    if broker == "redis":
+        yield {}
+        return
+    url = request.getfixturevalue("amqp_url")
+    namespace = new_namespace()
+    AMQP_NAMESPACES.append(namespace)
+    yield {"broker_url": url, "result_backend": redis_url, "namespace": namespace}
 
 
 @pytest.fixture
@@ -141,7 +188,12 @@ def _no_blocking_calls() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def _close_dispatchers() -> Iterator[None]:
-    # Each test's dispatchers (and their listener threads) end with the test.
+def _close_dispatchers(request: pytest.FixtureRequest) -> Iterator[None]:
+    # Each test's dispatchers (and their listener threads) end with the test. Then the
+    # garbage of a test that uses services is collected, so a socket it left open fails
+    # that test with a ResourceWarning, not whichever test runs when the collector gets
+    # to it (unit tests open none, and a collection per test would double their time).
     yield
     close_all()
+    if "unit" not in request.node.path.parts:
+        gc.collect()

@@ -53,6 +53,7 @@ from tests.support.compose import (
     variables,
 )
 from tests.support.fleet import REPO, new_namespace
+from tests.support.sandbox import sandbox_python
 from tool_workers.app import create_app
 from tool_workers.protocol import task_id_for
 from tool_workers.settings import Settings
@@ -124,7 +125,8 @@ def test_compose_file_is_valid_compose_v2(
 
     resolved = compose("--env-file", str(env_file), "config", "--format", "json")
     by_compose = json.loads(resolved.stdout)["services"]
-    by_tests = services(example)
+    # A service of a profile (rabbitmq) exists only when its profile is asked for.
+    by_tests = {name: s for name, s in services(example).items() if not s.get("profiles")}
     assert set(by_compose) == set(by_tests)
     for name, service in by_compose.items():
         assert service["command"] == by_tests[name]["command"], name
@@ -139,6 +141,14 @@ def test_compose_file_is_valid_compose_v2(
         assert test == by_tests[name]["healthcheck"]["test"], name
     assert by_compose["orchestrator"]["stop_grace_period"] == "40s"
     assert "noeviction" in by_compose["redis"]["command"]
+
+    profiled = compose(
+        "--env-file", str(env_file), "--profile", "rabbitmq", "config", "--format", "json"
+    )
+    assert profiled.returncode == 0, profiled.stderr
+    rabbit = json.loads(profiled.stdout)["services"]["rabbitmq"]
+    assert rabbit["healthcheck"]["test"] == services(example)["rabbitmq"]["healthcheck"]["test"]
+    assert rabbit["mem_limit"] == str(size_bytes(services(example)["rabbitmq"]["mem_limit"]))
 
     for refused in (
         compose("--env-file", str(ENV_EXAMPLE), "config", "-q"),
@@ -263,6 +273,9 @@ def deployment(tmp_path: Path) -> Iterator[dict[str, Any]]:
         "TOOLFLEET_WORKSPACE_ROOT": str(workspace),
         "TOOLFLEET_CONFIG": str(REPO / "config" / "toolfleet.toml"),
         "TOOLFLEET_CHECKPOINT_PATH": str(tmp_path / "data" / "checkpoints.sqlite"),
+        # The image's Python is executable by run_python's user (nobody); this machine's
+        # interpreter may not be.
+        "TOOLFLEET_SANDBOX_PYTHON": sandbox_python(),
         "TOOLFLEET_NAMESPACE": new_namespace(),
         "TOOLFLEET_API_TOKENS": API_TOKEN,
         "TOOLFLEET_REGISTRY_REFRESH": "1",

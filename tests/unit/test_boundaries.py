@@ -30,6 +30,8 @@ CONTRACT = frozenset(
         "tool_workers.connections",  # Redis clients with the deployment's TLS, URL masking
         "tool_workers.wire_json",  # graph values as JSON
         "tool_workers.app",  # the Celery app both sides build from settings
+        "tool_workers.transport",  # the Redis broker transport both sides publish through
+        "tool_workers.amqp",  # its RabbitMQ part: queue names and arguments on the broker
         "tool_workers.logs",  # the log line format both sides write
         "tool_workers.store",  # the LangGraph store both sides open (TOOLFLEET_STORE_URL)
         "tool_workers.placeholders",  # the placeholder secrets every process refuses at start

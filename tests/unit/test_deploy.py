@@ -261,6 +261,7 @@ def test_orchestrator_waits_for_healthy_redis_and_workers() -> None:
     depends = services(SECRETS)["orchestrator"]["depends_on"]
     assert {name: dep["condition"] for name, dep in depends.items()} == {
         "redis": "service_healthy",
+        "rabbitmq": "service_healthy",
         "tool-worker": "service_healthy",
         "sandbox-worker": "service_healthy",
     }
@@ -305,3 +306,58 @@ def test_interpolation_follows_compose_rules() -> None:
     assert interpolate("${UNSET:-a${SET}b}", env) == "axb"
     with pytest.raises(MissingVariable, match="EMPTY: need it"):
         interpolate("${EMPTY:?need it}", env)
+
+
+def test_rabbitmq_profile_is_optional_healthy_and_its_password_a_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given the rabbitmq profile and .env pointing the broker at it, then RabbitMQ runs
+    only with that profile, has a healthcheck and a persistent volume, takes its login
+    from .env (no default password, refused empty), and every toolfleet service parses
+    settings with RabbitMQ as the broker and the bundled Redis for the rest."""
+    env = {
+        **env_example(),
+        **SECRETS,
+        "RABBITMQ_PASSWORD": "rpw",
+        "TOOLFLEET_BROKER_URL": "amqp://toolfleet:rpw@rabbitmq:5672//",
+        "TOOLFLEET_REDIS_URL": "redis://:pw@redis:6379/0",
+    }
+    all_services = services(env)
+    rabbit = all_services["rabbitmq"]
+
+    assert rabbit["profiles"] == ["rabbitmq"]
+    assert "check_port_connectivity" in rabbit["healthcheck"]["test"]
+    assert any(volume.endswith(":/var/lib/rabbitmq") for volume in rabbit["volumes"])
+    assert rabbit["environment"]["RABBITMQ_DEFAULT_PASS"] == "rpw"
+    assert services(SECRETS)["rabbitmq"]["environment"]["RABBITMQ_DEFAULT_PASS"] == ""
+    assert 'test -n "$$RABBITMQ_DEFAULT_PASS"' in " ".join(
+        load_compose()["services"]["rabbitmq"]["entrypoint"]
+    )
+    assert all(port.startswith("127.0.0.1:") for port in rabbit["ports"])
+    for name in TOOLFLEET_SERVICES:
+        service = all_services[name]
+        assert service["depends_on"]["rabbitmq"] == {
+            "condition": "service_healthy",
+            "required": False,
+        }, name
+        with monkeypatch.context() as patch:
+            for key, value in service["environment"].items():
+                patch.setenv(key, str(value))
+            settings = Settings()
+        assert settings.broker_is_amqp, name
+        assert settings.own_redis_url == "redis://:pw@redis:6379/0", name
+
+
+def test_sandbox_worker_runs_snippets_as_another_user_than_the_password_holders() -> None:
+    """Given the sandbox-worker service, then it runs as root with no capability but the
+    four that let it run snippets as another user (and kill them), and no new privileges:
+    every process holding the broker password (the worker, init, the healthcheck) is
+    root's, out of reach of the snippet's user."""
+    sandbox = services(SECRETS)["sandbox-worker"]
+    assert sandbox["user"] == "root"
+    assert sandbox["cap_drop"] == ["ALL"]
+    assert sorted(sandbox["cap_add"]) == ["CHOWN", "KILL", "SETGID", "SETUID"]
+    assert "no-new-privileges:true" in sandbox["security_opt"]
+    assert "TOOLFLEET_SANDBOX_USER" not in sandbox.get("environment", {}) or sandbox["environment"][
+        "TOOLFLEET_SANDBOX_USER"
+    ] not in ("root", "0")
