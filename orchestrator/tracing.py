@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -43,7 +44,7 @@ from pydantic import ValidationError
 
 from orchestrator.calls import PreparedCall
 from tool_workers.errors import RunDeadlineExceeded
-from tool_workers.protocol import ToolResult, TraceContext
+from tool_workers.protocol import ToolResult, TraceContext, span_attributes
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -69,13 +70,26 @@ def langsmith_headers(run_id: Any, handlers: list[BaseCallbackHandler]) -> dict[
     return {}
 
 
-def _otel_headers() -> dict[str, str]:
+@functools.cache
+def _otel() -> Any:
+    """The ``opentelemetry`` package with its trace, context and propagation APIs, or
+    ``None`` without the ``otel`` extra. Looked up once: every call asks, and a failed
+    import is not cached by Python (it searches the import path again each time)."""
     try:
-        from opentelemetry import propagate
+        import opentelemetry.context
+        import opentelemetry.propagate
+        import opentelemetry.trace
     except ImportError:
+        return None
+    return opentelemetry
+
+
+def _otel_headers() -> dict[str, str]:
+    otel = _otel()
+    if otel is None:
         return {}
     carrier: dict[str, str] = {}
-    propagate.inject(carrier)
+    otel.propagate.inject(carrier)
     return carrier
 
 
@@ -118,19 +132,15 @@ def publishing(trace: TraceContext | None) -> Iterator[None]:
     The publishing thread is not the caller's; an instrumented publish (Celery's
     ``before_task_publish``) then starts its span under the call's dispatch span.
     """
-    if trace is None or trace.traceparent is None:
+    otel = _otel()
+    if trace is None or trace.traceparent is None or otel is None:
         yield
         return
-    try:
-        from opentelemetry import context, propagate
-    except ImportError:
-        yield
-        return
-    token = context.attach(propagate.extract(trace.headers()))
+    token = otel.context.attach(otel.propagate.extract(trace.headers()))
     try:
         yield
     finally:
-        context.detach(token)
+        otel.context.detach(token)
 
 
 class DispatchSpan:
@@ -154,7 +164,7 @@ class DispatchSpan:
             return
         outcome = str(error_kind or "success")
         self._span.set_attributes(
-            _attributes(
+            span_attributes(
                 {
                     # An edited or retried call ends under a task id of its own.
                     "toolfleet.task_id": task_id,
@@ -180,10 +190,9 @@ class DispatchSpan:
         self._set_error(outcome)
 
     def _set_error(self, description: str) -> None:
-        from opentelemetry.trace import Status, StatusCode
-
         assert self._span is not None
-        self._span.set_status(Status(StatusCode.ERROR, description))
+        trace = _otel().trace
+        self._span.set_status(trace.Status(trace.StatusCode.ERROR, description))
 
 
 @contextlib.contextmanager
@@ -191,13 +200,13 @@ def dispatch_span(call: PreparedCall) -> Iterator[DispatchSpan]:
     """A current span ``dispatch_tool <tool>`` around a remote call, when OpenTelemetry
     is installed; what records its outcome (an exception leaving the block records its
     own: ``deadline``, ``cancelled`` or ``failure``)."""
-    try:
-        from opentelemetry import trace
-    except ImportError:
+    otel = _otel()
+    if otel is None:
         yield DispatchSpan(None)
         return
+    trace = otel.trace
     tracer = trace.get_tracer("toolfleet.orchestrator")
-    attributes = _attributes(
+    attributes = span_attributes(
         {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": call.tool,
@@ -223,12 +232,3 @@ def dispatch_span(call: PreparedCall) -> Iterator[DispatchSpan]:
         except BaseException as exc:
             recorder.failed(exc)
             raise
-
-
-def _attributes(values: dict[str, Any]) -> dict[str, str | int]:
-    """Span attributes as the worker's span has them: strings and ints, unset ones left out."""
-    return {
-        key: value if isinstance(value, int) else str(value)
-        for key, value in values.items()
-        if value is not None and value != ""
-    }

@@ -395,3 +395,13 @@ class WorkerEntry(BaseModel):
     queues: list[str]
     tools: list[ToolSpec]
     updated_at: float
+
+
+def span_attributes(values: dict[str, Any]) -> dict[str, str | int]:
+    """OpenTelemetry attributes as both sides' spans of a call carry them: strings and
+    ints only, the unset ones left out."""
+    return {
+        key: value if isinstance(value, int) else str(value)
+        for key, value in values.items()
+        if value is not None and value != ""
+    }

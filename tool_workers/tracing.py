@@ -30,7 +30,7 @@ from celery import signals
 from pydantic import ValidationError
 
 from tool_workers.metrics import returned_outcome
-from tool_workers.protocol import TraceContext, tool_from_task
+from tool_workers.protocol import TraceContext, span_attributes, tool_from_task
 
 if TYPE_CHECKING:
     from contextvars import Token
@@ -93,7 +93,7 @@ def _prerun(
         f"{SPAN_PREFIX}{tool}",
         context=parent,
         kind=trace.SpanKind.CONSUMER,
-        attributes=_attributes(
+        attributes=span_attributes(
             {
                 "gen_ai.operation.name": "execute_tool",
                 "gen_ai.tool.name": tool,
@@ -128,12 +128,3 @@ def _postrun(task_id: str = "", state: str | None = None, retval: Any = None, **
             span.set_status(trace.Status(trace.StatusCode.ERROR, outcome))
     span.end()
     context.detach(token)
-
-
-def _attributes(values: dict[str, Any]) -> dict[str, str | int]:
-    """OpenTelemetry attributes: strings and ints only, the unset ones left out."""
-    return {
-        key: value if isinstance(value, int) else str(value)
-        for key, value in values.items()
-        if value is not None and value != ""
-    }
