@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
-from uuid import UUID
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 
@@ -16,6 +14,7 @@ from orchestrator.callbacks import RemoteToolError
 from orchestrator.dispatch.in_process import InProcessDispatcher
 from orchestrator.middleware import CeleryToolMiddleware
 from orchestrator.scripted import ScriptedChatModel, tool_calls_message
+from tests.support.callbacks import Recorder
 
 
 @tool
@@ -28,44 +27,6 @@ def shout(text: str) -> str:
 def explode(reason: str) -> str:
     """Always fails."""
     raise RuntimeError(reason)
-
-
-class Recorder(BaseCallbackHandler):
-    """Every tool callback, with what a tracer would record of it."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-
-    def on_tool_start(
-        self,
-        serialized: dict[str, Any],
-        input_str: str,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        tags: list[str] | None = None,
-        metadata: dict[str, Any] | None = None,
-        inputs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self.events.append(
-            {
-                "event": "start",
-                "name": serialized["name"],
-                "description": serialized.get("description"),
-                "input": input_str,
-                "inputs": inputs,
-                "has_parent": parent_run_id is not None,
-                "tags": sorted(tags or []),
-                "metadata": {k: v for k, v in (metadata or {}).items() if k == "user"},
-            }
-        )
-
-    def on_tool_end(self, output: Any, **kwargs: Any) -> None:
-        self.events.append({"event": "end", "output": (type(output).__name__, output.content)})
-
-    def on_tool_error(self, error: BaseException, **kwargs: Any) -> None:
-        self.events.append({"event": "error", "type": type(error).__name__, "text": str(error)})
 
 
 def run_agent(mode: str, *, remote: bool, calls: list[tuple[str, dict[str, Any]]]) -> Recorder:
