@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from orchestrator.local import EmbeddedRedis, WorkerProcess, settings_env
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 
 def measure(command: list[str], env: dict[str, str]) -> tuple[float, float, float]:

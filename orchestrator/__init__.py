@@ -23,7 +23,7 @@ from orchestrator.tools import RemoteTool, discover_tools
 from orchestrator.transcript import aclose_pending_calls, close_pending_calls
 
 # Errors and settings (shared with the workers).
-from tool_workers.errors import (
+from tool_workers.contract.errors import (
     ConfigError,
     DispatchError,
     ResultError,
@@ -32,7 +32,7 @@ from tool_workers.errors import (
     ToolfleetError,
     ToolLoadError,
 )
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 __all__ = [
     "CeleryDispatcher",

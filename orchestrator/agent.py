@@ -21,8 +21,8 @@ from orchestrator.middleware import CeleryToolMiddleware
 from orchestrator.sample import scripted_model
 from orchestrator.scripted import SCRIPTED
 from orchestrator.tools import discover_tools
-from tool_workers.errors import ConfigError
-from tool_workers.settings import Settings
+from tool_workers.contract.errors import ConfigError
+from tool_workers.contract.settings import Settings
 
 
 def chat_model(spec: str | None) -> BaseChatModel:

@@ -2,7 +2,7 @@
 
 The worker logs its own line for the same call (``side=worker``); both carry the
 thread id, run id, tool call id and task id, so the two can be joined. Rendered as
-JSON or key=value by :mod:`tool_workers.logs`.
+JSON or key=value by :mod:`tool_workers.contract.logs`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from orchestrator.calls import PreparedCall
-from tool_workers.protocol import ToolResult
+from tool_workers.contract.models import ToolResult
 
 log = logging.getLogger("toolfleet.orchestrator.calls")
 

@@ -13,14 +13,8 @@ from typing import Any
 from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
-from tool_workers.protocol import (
-    Injected,
-    ToolRequest,
-    ToolSpec,
-    TraceContext,
-    call_key,
-    task_id_for,
-)
+from tool_workers.contract.models import Injected, ToolRequest, ToolSpec, TraceContext
+from tool_workers.contract.names import call_key, task_id_for
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ def with_deadline(seconds: float, config: dict[str, Any] | None = None) -> dict[
 
     When the deadline passes, the run's in-flight calls are revoked (terminated on prefork
     workers), calls not yet sent are never sent, and the run raises
-    :class:`~tool_workers.errors.RunDeadlineExceeded`.
+    :class:`~tool_workers.contract.errors.RunDeadlineExceeded`.
 
     Example::
 

@@ -35,8 +35,9 @@ from orchestrator.dispatch.base import Dispatcher
 from orchestrator.events import ToolCallEvents
 from orchestrator.injection import injected_for
 from orchestrator.placement import PlacementRules
-from tool_workers.protocol import ToolSpec, task_id_for
-from tool_workers.wire_json import NotJSONError
+from tool_workers.contract.models import ToolSpec
+from tool_workers.contract.names import task_id_for
+from tool_workers.contract.wire_json import NotJSONError
 
 SAFE_OUTER = frozenset({"ToolRetryMiddleware", "ToolErrorMiddleware"})
 """Outer wrappers that pass each call on unchanged (retries get attempts of their own)."""

@@ -12,8 +12,8 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from orchestrator.calls import PreparedCall
 from orchestrator.dispatch.watch import PROGRESS
-from tool_workers.protocol import HEARTBEAT, ToolResult
-from tool_workers.wire_json import from_wire
+from tool_workers.contract.models import HEARTBEAT, ToolResult
+from tool_workers.contract.wire_json import from_wire
 
 log = logging.getLogger("toolfleet.orchestrator")
 

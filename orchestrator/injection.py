@@ -16,8 +16,8 @@ from langchain_core.messages import ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
-from tool_workers.protocol import Injected, ToolSpec
-from tool_workers.wire_json import from_wire, to_wire
+from tool_workers.contract.models import Injected, ToolSpec
+from tool_workers.contract.wire_json import from_wire, to_wire
 
 
 def injected_for(spec: ToolSpec, request: ToolCallRequest) -> Injected | None:

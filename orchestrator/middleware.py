@@ -52,9 +52,10 @@ from orchestrator.messages import (
 from orchestrator.offering import ToolOffer
 from orchestrator.placement import Placement, PlacementRules, describe
 from orchestrator.tracing import dispatch_span, trace_context
-from tool_workers.errors import ResultTimeout, RunDeadlineExceeded
-from tool_workers.protocol import ToolResult, ToolSpec, task_id_for
-from tool_workers.wire_json import NotJSONError
+from tool_workers.contract.errors import ResultTimeout, RunDeadlineExceeded
+from tool_workers.contract.models import ToolResult, ToolSpec
+from tool_workers.contract.names import task_id_for
+from tool_workers.contract.wire_json import NotJSONError
 
 log = logging.getLogger("toolfleet.orchestrator")
 

@@ -25,7 +25,7 @@ from langchain_core.tools import BaseTool
 
 from orchestrator.dispatch.base import Dispatcher
 from orchestrator.tools import RemoteTool
-from tool_workers.protocol import ToolSpec
+from tool_workers.contract.models import ToolSpec
 
 log = logging.getLogger("toolfleet.orchestrator")
 

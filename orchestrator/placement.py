@@ -25,7 +25,7 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from orchestrator.tools import RemoteTool
-from tool_workers.protocol import ToolSpec
+from tool_workers.contract.models import ToolSpec
 
 log = logging.getLogger("toolfleet.orchestrator")
 

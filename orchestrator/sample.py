@@ -13,7 +13,7 @@ from pathlib import Path
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
 from orchestrator.scripted import ScriptedChatModel, tool_calls_message
-from tool_workers.errors import ConfigError
+from tool_workers.contract.errors import ConfigError
 
 DEFAULT_PROMPT = (
     "Survey the project in the workspace: what files it has, what is left TODO, what the "

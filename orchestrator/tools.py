@@ -17,8 +17,9 @@ from orchestrator.calls import PreparedCall
 from orchestrator.dispatch.base import Dispatcher
 from orchestrator.dispatch.fleet import dispatcher_for
 from orchestrator.tracing import dispatch_span, trace_context
-from tool_workers.protocol import ToolResult, ToolSpec, task_id_for
-from tool_workers.settings import Settings
+from tool_workers.contract.models import ToolResult, ToolSpec
+from tool_workers.contract.names import task_id_for
+from tool_workers.contract.settings import Settings
 
 
 class RemoteTool(BaseTool):

@@ -1,14 +1,14 @@
 """The orchestrator's side of a remote call's trace: what crosses the wire with it.
 
-Each remote call carries a :class:`~tool_workers.protocol.TraceContext` built where the
+Each remote call carries a :class:`~tool_workers.contract.TraceContext` built where the
 call is made (in the Send task's thread, or in its coroutine: an async call is published
 from another thread, which holds no context of the caller's):
 
 - LangSmith: ``langsmith-trace`` and ``baggage`` of the call's own tool run, the one
   :mod:`orchestrator.callbacks` reports (``RunTree.to_headers()`` of the run the
   ``LangChainTracer`` among the run's handlers keeps for it). On the worker the tool's
-  body runs as that run (see :mod:`tool_workers.trace_parent`), so what it traces nests
-  under it.
+  body runs as that run (see :mod:`tool_workers.observability.trace_parent`), so what it
+  traces nests under it.
 - OpenTelemetry (with ``opentelemetry-api`` installed, ``toolfleet[otel]``): the call
   runs inside a span ``dispatch_tool <tool>`` (kind PRODUCER, from the tool run's start
   to the result), current when ``propagate.inject`` writes ``traceparent`` and
@@ -43,8 +43,8 @@ from langchain_core.messages import ToolMessage
 from pydantic import ValidationError
 
 from orchestrator.calls import PreparedCall
-from tool_workers.errors import RunDeadlineExceeded
-from tool_workers.protocol import ToolResult, TraceContext, span_attributes
+from tool_workers.contract.errors import RunDeadlineExceeded
+from tool_workers.contract.models import ToolResult, TraceContext, span_attributes
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span

@@ -24,7 +24,7 @@ from orchestrator.dispatch.fleet import close_all
 from orchestrator.local import EmbeddedRedis, WorkerProcess, delete_keys
 from tests.support.amqp import AMQP_NAMESPACES, amqp_problem, brokers, delete_namespace
 from tests.support.fleet import RUN_ID, TEST_QUEUES, fleet_settings, new_namespace, worker_env
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 SCANNED_MODULES = ["orchestrator", "tool_workers"]
 """Where the blocking-call detector looks: blocking calls made by toolfleet's own code."""

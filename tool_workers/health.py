@@ -19,11 +19,11 @@ from collections.abc import Sequence
 
 import redis
 
-from tool_workers.app import create_app
-from tool_workers.connections import redis_client
-from tool_workers.errors import ToolfleetError
-from tool_workers.protocol import worker_registry_key
-from tool_workers.settings import Settings
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.connections import redis_client
+from tool_workers.contract.errors import ToolfleetError
+from tool_workers.contract.names import worker_registry_key
+from tool_workers.contract.settings import Settings
 
 
 def check(settings: Settings, node: str, timeout: float) -> str | None:

@@ -33,7 +33,7 @@ from orchestrator.bench.agents import (
 from orchestrator.bench.measure import summarise
 from orchestrator.calls import PreparedCall
 from orchestrator.dispatch.celery import CeleryDispatcher
-from tool_workers.protocol import task_id_for
+from tool_workers.contract.names import task_id_for
 
 FANOUT_MODES = ("sync", "async")
 

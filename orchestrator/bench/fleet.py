@@ -25,7 +25,7 @@ from orchestrator.bench.measure import cpu_seconds
 from orchestrator.dispatch.celery import CeleryDispatcher
 from orchestrator.dispatch.fleet import close_all, dispatcher_for
 from orchestrator.local import EmbeddedRedis, WorkerProcess, delete_keys
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 WORKER_LOGLEVEL = "WARNING"
 """Bench workers log warnings only: a line per task would be part of what is measured."""

@@ -48,7 +48,7 @@ from orchestrator.bench.agents import (
 )
 from orchestrator.bench.measure import added_latency, summarise
 from orchestrator.dispatch.celery import CeleryDispatcher
-from tool_workers.protocol import ToolRequest
+from tool_workers.contract.models import ToolRequest
 
 MODES = (
     "local_sync",

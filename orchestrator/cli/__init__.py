@@ -69,8 +69,8 @@ def run(
     from orchestrator.cli.errors import setup_errors
     from orchestrator.cli.progress import cli_console
     from orchestrator.dispatch.fleet import close_all
-    from tool_workers.logs import configure_logging
-    from tool_workers.settings import Settings
+    from tool_workers.contract.logs import configure_logging
+    from tool_workers.contract.settings import Settings
 
     settings = Settings()
     # The formatted lines already show each call; the log's line per call (JSON with
@@ -101,7 +101,7 @@ def status(
     from orchestrator.cli.errors import setup_errors
     from orchestrator.cli.progress import cli_console
     from orchestrator.cli.status import run_status
-    from tool_workers.settings import Settings
+    from tool_workers.contract.settings import Settings
 
     logging.basicConfig(level=logging.WARNING)
     settings = Settings()
@@ -173,7 +173,7 @@ def serve(
 
     Clients need one of TOOLFLEET_API_TOKENS as a bearer token (or X-Api-Key).
     """
-    from tool_workers.errors import ConfigError
+    from tool_workers.contract.errors import ConfigError
 
     try:
         from orchestrator.server.app import serve as serve_forever
@@ -181,8 +181,8 @@ def serve(
         typer.echo(f"error: {exc}; install the server extra: pip install 'toolfleet[server]'")
         raise typer.Exit(2) from None
     from orchestrator.server.projects import read_project
-    from tool_workers.logs import configure_logging
-    from tool_workers.settings import Settings
+    from tool_workers.contract.logs import configure_logging
+    from tool_workers.contract.settings import Settings
 
     try:
         # The project's env first: it may hold TOOLFLEET_* settings and model API keys.
@@ -206,7 +206,7 @@ def sample(
     README's sample output from your own workers."""
     from orchestrator.cli.errors import fail
     from orchestrator.sample import seed_workspace
-    from tool_workers.errors import ConfigError
+    from tool_workers.contract.errors import ConfigError
 
     try:
         seed_workspace(directory, overwrite=False)

@@ -40,7 +40,7 @@ from orchestrator.middleware import CeleryToolMiddleware
 from orchestrator.sample import DEFAULT_PROMPT, scripted_model, seed_workspace
 from orchestrator.scripted import SCRIPTED
 from orchestrator.tools import discover_tools
-from tool_workers.settings import DEFAULT_CONFIG_PATH, Settings
+from tool_workers.contract.settings import DEFAULT_CONFIG_PATH, Settings
 
 # Seconds a worker gets to finish its calls: a normal end lets them finish; after Ctrl-C
 # the user wants out, and the calls' results have no one left to read them.

@@ -14,8 +14,8 @@ import redis
 import typer
 from kombu.exceptions import OperationalError
 
-from tool_workers.connections import mask_secrets
-from tool_workers.errors import ToolfleetError
+from tool_workers.contract.connections import mask_secrets
+from tool_workers.contract.errors import ToolfleetError
 
 _BROKER_ERRORS = (redis.RedisError, OperationalError, ConnectionError)
 

@@ -51,17 +51,17 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.dispatch.registry import read_entries
-from tool_workers.amqp import broker_queue_name
-from tool_workers.app import create_app
-from tool_workers.connections import redis_client
-from tool_workers.protocol import (
+from tool_workers.contract.amqp import broker_queue_name
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.connections import redis_client
+from tool_workers.contract.models import WorkerEntry
+from tool_workers.contract.names import (
     REGISTRY_TTL_REFRESHES,
-    WorkerEntry,
     placement_pattern,
     tool_from_task,
     worker_processes_key,
 )
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from typing import Protocol
 
 from orchestrator.calls import PreparedCall
 from orchestrator.dispatch.watch import StateCallback
-from tool_workers.protocol import ToolResult, ToolSpec
-from tool_workers.settings import Settings, ToolPolicies
+from tool_workers.contract.models import ToolResult, ToolSpec
+from tool_workers.contract.settings import Settings, ToolPolicies
 
 PlacementTable = Mapping[str, Mapping[str, str]]
 """``{tool: {"placement": "local" | "remote", "reason": ...}}`` of one agent's tools."""

@@ -35,9 +35,9 @@ from orchestrator.dispatch.listener import ResultListener
 from orchestrator.dispatch.loop_redis import LoopClients
 from orchestrator.dispatch.publish import Publisher
 from orchestrator.dispatch.timings import CallTimings
-from tool_workers.connections import async_redis_client
-from tool_workers.errors import DispatchError
-from tool_workers.settings import Settings
+from tool_workers.contract.connections import async_redis_client
+from tool_workers.contract.errors import DispatchError
+from tool_workers.contract.settings import Settings
 
 
 @dataclass

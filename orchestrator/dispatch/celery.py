@@ -36,10 +36,11 @@ from orchestrator.dispatch.registry import RegistryView, note_placement
 from orchestrator.dispatch.timings import CallTimings
 from orchestrator.dispatch.watch import StateCallback
 from orchestrator.messages import hung_text
-from tool_workers.connections import redis_client, redis_connection_kwargs, socket_options
-from tool_workers.errors import ConfigError, ResultTimeout
-from tool_workers.protocol import ToolResult, ToolSpec, reply_channel, revoked_key
-from tool_workers.settings import Settings, ToolPolicies
+from tool_workers.contract.connections import redis_client, redis_connection_kwargs, socket_options
+from tool_workers.contract.errors import ConfigError, ResultTimeout
+from tool_workers.contract.models import ToolResult, ToolSpec
+from tool_workers.contract.names import reply_channel, revoked_key
+from tool_workers.contract.settings import Settings, ToolPolicies
 
 log = logging.getLogger("toolfleet.dispatch")
 

@@ -8,8 +8,8 @@ from typing import Any
 from celery import Celery
 
 from orchestrator.dispatch.celery import CeleryDispatcher
-from tool_workers.app import backend_url_of, create_app
-from tool_workers.settings import Settings
+from tool_workers.contract.broker import backend_url_of, create_app
+from tool_workers.contract.settings import Settings
 
 _lock = threading.Lock()
 _dispatchers: dict[tuple[Any, ...], CeleryDispatcher] = {}
@@ -19,7 +19,7 @@ def dispatcher_for(app: Celery | None = None, settings: Settings | None = None) 
     """The process-wide dispatcher for ``app``, or for the app ``settings`` describe.
 
     Args:
-        app: A Celery app built with :func:`tool_workers.app.create_app`. Its broker and
+        app: A Celery app built with :func:`tool_workers.contract.broker.create_app`. Its broker and
             result backend URLs win over those in ``settings``.
         settings: Settings to use; read from the environment when omitted.
     """

@@ -1,7 +1,8 @@
 """An in-process dispatcher: runs tools in threads of this process, no broker.
 
 The one module of the orchestrator that imports the worker's execution code
-(:mod:`tool_workers.execute`, :mod:`tool_workers.tasks`): it *is* a worker, in-process.
+(:mod:`tool_workers.runtime.execute`, :mod:`tool_workers.runtime.tasks`): it *is* a
+worker, in-process.
 
 For fast tests of agents (and of toolfleet itself): the same middleware, the same
 eager dispatch and the same results as with real workers, without Redis. Each call
@@ -22,11 +23,11 @@ from orchestrator.calls import PreparedCall
 from orchestrator.dispatch.base import PlacementTable
 from orchestrator.dispatch.watch import StateCallback
 from orchestrator.messages import not_served_there_text
-from tool_workers.errors import ResultTimeout
-from tool_workers.execute import Limits, run_call
-from tool_workers.protocol import ToolResult, ToolSpec
-from tool_workers.settings import Settings, ToolPolicies
-from tool_workers.tasks import tool_spec
+from tool_workers.contract.errors import ResultTimeout
+from tool_workers.contract.models import ToolResult, ToolSpec
+from tool_workers.contract.settings import Settings, ToolPolicies
+from tool_workers.runtime.execute import Limits, run_call
+from tool_workers.runtime.tasks import tool_spec
 
 
 class InProcessDispatcher:

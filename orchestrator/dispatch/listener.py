@@ -32,7 +32,7 @@ from redis.driver_info import DriverInfo
 from redis.exceptions import RedisError
 
 from orchestrator.dispatch.watch import StateCallback, Watch, WatchTable
-from tool_workers import protocol
+from tool_workers.contract import names as protocol
 
 log = logging.getLogger("toolfleet.results")
 
@@ -59,7 +59,7 @@ class ResultListener:
             key_for_task: Maps a task id to its result key (Celery's
                 ``backend.get_key_for_task``), which is also its pub/sub channel.
             connection_kwargs: More ``redis.asyncio`` options (TLS: see
-                :func:`tool_workers.connections.redis_connection_kwargs`).
+                :func:`tool_workers.contract.connections.redis_connection_kwargs`).
             reply_channel: This process's reply channel: calls published with it as
                 ``reply_to`` report every state there, so they need no channel of their
                 own. ``None``: every call is watched on its own channel.

@@ -3,7 +3,7 @@
 Every call is one Celery task message, built by Celery and kombu as usual (routing,
 the task protocol, signing, trace headers). The outbox either sends the messages of a
 fan-out through one producer batch (one pipeline), or *builds* them without sending: a
-batch opened inside :func:`tool_workers.transport.capturing` records the Redis commands
+batch opened inside :func:`tool_workers.celery_ext.transport.capturing` records the Redis commands
 each message would be published with, so the publisher can send them in its one-script
 claim-and-push.
 
@@ -29,10 +29,10 @@ from kombu.pools import ProducerPool
 
 from orchestrator.calls import PreparedCall
 from orchestrator.tracing import message_headers, publishing
-from tool_workers.protocol import task_name
-from tool_workers.settings import Settings
-from tool_workers.signing import sign_request
-from tool_workers.transport import Captured, can_capture, capturing
+from tool_workers.celery_ext.transport import Captured, can_capture, capturing
+from tool_workers.contract.names import task_name
+from tool_workers.contract.settings import Settings
+from tool_workers.contract.signing import sign_request
 
 
 class Busy(Exception):

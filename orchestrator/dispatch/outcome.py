@@ -26,8 +26,8 @@ from orchestrator.messages import (
     unreadable_text,
     worker_lost_text,
 )
-from tool_workers.protocol import ToolResult, ToolSpec, error_text, timeout_text
-from tool_workers.signing import result_problem
+from tool_workers.contract.models import ToolResult, ToolSpec, error_text, timeout_text
+from tool_workers.contract.signing import result_problem
 
 log = logging.getLogger("toolfleet.dispatch")
 

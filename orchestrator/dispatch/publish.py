@@ -45,9 +45,9 @@ from celery import Celery
 
 from orchestrator.calls import PreparedCall
 from orchestrator.dispatch.outbox import Busy, Outbox
-from tool_workers.protocol import call_marker_key
-from tool_workers.settings import Settings
-from tool_workers.transport import Captured
+from tool_workers.celery_ext.transport import Captured
+from tool_workers.contract.names import call_marker_key
+from tool_workers.contract.settings import Settings
 
 log = logging.getLogger("toolfleet.dispatch")
 

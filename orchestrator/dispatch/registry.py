@@ -1,6 +1,6 @@
 """The orchestrator's view of the tool registry the workers publish.
 
-Each worker keeps one entry fresh (:mod:`tool_workers.registry` writes it); this side
+Each worker keeps one entry fresh (:mod:`tool_workers.runtime.registry` writes it); this side
 reads every entry with one ``SCAN`` + ``MGET``, at most once a second, and shares the
 resulting tool map between threads without copying it. Once a map has been read, a
 caller never waits for the next read: a map older than a second is served while a
@@ -28,9 +28,10 @@ from types import MappingProxyType
 import redis
 
 from orchestrator.dispatch.base import PlacementTable
-from tool_workers.errors import DispatchError
-from tool_workers.protocol import ToolSpec, WorkerEntry, placement_key, worker_registry_pattern
-from tool_workers.settings import Settings, ToolPolicies, ToolPolicy
+from tool_workers.contract.errors import DispatchError
+from tool_workers.contract.models import ToolSpec, WorkerEntry
+from tool_workers.contract.names import placement_key, worker_registry_pattern
+from tool_workers.contract.settings import Settings, ToolPolicies, ToolPolicy
 
 log = logging.getLogger("toolfleet.registry")
 

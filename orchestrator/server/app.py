@@ -55,11 +55,11 @@ from orchestrator.server.runner import RunManager
 from orchestrator.server.services import Services
 from orchestrator.server.store import Store
 from orchestrator.server.tenancy import tenant_key, tenant_quota
-from tool_workers.connections import mask_secrets, redis_connection_kwargs
-from tool_workers.errors import ConfigError
-from tool_workers.placeholders import refuse_placeholders
-from tool_workers.settings import Settings
-from tool_workers.store import store_for
+from tool_workers.contract.connections import mask_secrets, redis_connection_kwargs
+from tool_workers.contract.errors import ConfigError
+from tool_workers.contract.placeholders import refuse_placeholders
+from tool_workers.contract.settings import Settings
+from tool_workers.contract.store import store_for
 
 log = logging.getLogger("toolfleet.server")
 

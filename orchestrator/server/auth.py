@@ -20,7 +20,7 @@ import hmac
 import re
 from collections.abc import Iterable, Mapping
 
-from tool_workers.errors import ConfigError
+from tool_workers.contract.errors import ConfigError
 
 ANONYMOUS = "anonymous"
 """The one tenant of a server without tokens (``serve --no-auth``)."""

@@ -2,7 +2,7 @@
 
 ::
 
-    ToolfleetError                       (tool_workers.errors)
+    ToolfleetError                       (tool_workers.contract.errors)
      +-- RequestRefused                  a request the service does not carry out
           +-- NotFound           404     no such thread, run or assistant
           +-- Conflict           409     the thread is busy, or the run already finished
@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from tool_workers.errors import ToolfleetError
+from tool_workers.contract.errors import ToolfleetError
 
 
 class RequestRefused(ToolfleetError):

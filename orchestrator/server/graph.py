@@ -20,8 +20,8 @@ from orchestrator.dispatch.celery import CeleryDispatcher
 from orchestrator.scripted import SCRIPTED
 from orchestrator.server.graphs import STARTED, assistant_id_for
 from orchestrator.tools import RemoteTool
-from tool_workers.protocol import ToolSpec
-from tool_workers.settings import Settings
+from tool_workers.contract.models import ToolSpec
+from tool_workers.contract.settings import Settings
 
 GRAPH_ID = "agent"
 """Graph id of the built-in agent, served when no project file is given."""

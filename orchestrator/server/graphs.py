@@ -29,7 +29,7 @@ from langgraph.store.base import BaseStore
 
 from orchestrator.server.errors import NotFound
 from orchestrator.server.projects import ProjectGraph
-from tool_workers.errors import ConfigError
+from tool_workers.contract.errors import ConfigError
 
 NAMESPACE_GRAPH = uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8")
 """The UUID namespace LangGraph's server derives a graph's assistant id in."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tool_workers.protocol import server_key_prefix
+from tool_workers.contract.names import server_key_prefix
 
 
 @dataclass(frozen=True, slots=True)

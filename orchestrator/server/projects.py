@@ -35,7 +35,7 @@ from langgraph.graph import StateGraph
 from langgraph.pregel import Pregel
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tool_workers.errors import ConfigError
+from tool_workers.contract.errors import ConfigError
 
 
 class _GraphEntry(BaseModel):

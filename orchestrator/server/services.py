@@ -16,7 +16,7 @@ from orchestrator.server.encoding import dumps
 from orchestrator.server.graphs import Graphs
 from orchestrator.server.runner import RunManager
 from orchestrator.server.store import Store
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 
 @dataclass

@@ -28,7 +28,7 @@ import redis.asyncio as aioredis
 
 from orchestrator.server.errors import AtCapacity
 from orchestrator.server.keys import Keys
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 
 def thread_key(tenant: str, thread_id: str) -> str:

@@ -11,7 +11,7 @@ import pytest
 from tests.support.fleet import FAULT_POLICY
 from tests.support.net_fleet import NetFleet
 from tests.support.netns import NetnsUnavailable, TestNet
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from orchestrator import ScriptedChatModel, aclose_pending_calls, close_pending_calls
 from orchestrator.agent import async_checkpointer, build_agent, checkpointer
 from orchestrator.dispatch.fleet import close_all
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 GO_WITHIN = 60.0
 """Seconds the scripted model waits for the test's go-ahead."""

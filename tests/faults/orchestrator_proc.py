@@ -17,7 +17,7 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from orchestrator import ScriptedChatModel
 from orchestrator.agent import build_agent, checkpointer
 from orchestrator.dispatch.fleet import close_all
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 DURATIONS = [0.1, 0.1, 3.0, 3.0, 3.0]
 

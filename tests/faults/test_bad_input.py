@@ -22,8 +22,8 @@ from tests.support.wire import (
     wait_stored,
     watch_only,
 )
-from tool_workers.protocol import MAX_ID_CHARS, PROTOCOL_VERSION
-from tool_workers.settings import Settings
+from tool_workers.contract.models import MAX_ID_CHARS, PROTOCOL_VERSION
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -26,8 +26,8 @@ from tests.support.fleet import (
     started_calls,
     wait_until,
 )
-from tool_workers.app import create_app
-from tool_workers.settings import Settings
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -22,7 +22,7 @@ from orchestrator import (
 )
 from orchestrator.dispatch.fleet import close_all
 from tests.support.fleet import one_turn, started_calls
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

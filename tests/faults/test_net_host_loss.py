@@ -2,8 +2,8 @@
 machine stops): the call runs again on another host within seconds, at the default
 policy's 300 s time limit, and a non-idempotent call is not run twice.
 
-The worker's lease (:mod:`tool_workers.lease`) lapses ``TOOLFLEET_LEASE_TTL`` (10 s) after
-the host stopped renewing it, and the surviving worker's next sweep puts the call back on
+The worker's lease (:mod:`tool_workers.celery_ext.lease`) lapses ``TOOLFLEET_LEASE_TTL``
+(10 s) after the host stopped renewing it, and the surviving worker's next sweep puts the call back on
 its queue; the visibility timeout (330 s here) is only the last resort.
 """
 
@@ -19,7 +19,7 @@ from tests.faults.test_worker_crash import AgentRun
 from tests.support.fleet import wait_started
 from tests.support.net_fleet import NetFleet
 from tests.support.net_tools import read_effects
-from tool_workers.app import visibility_timeout
+from tool_workers.contract.broker import visibility_timeout
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -30,7 +30,7 @@ from tests.faults.test_worker_crash import AgentRun
 from tests.support.fleet import wait_started
 from tests.support.hosts import HostWorker
 from tests.support.net_fleet import NetFleet
-from tool_workers.app import create_app
+from tool_workers.contract.broker import create_app
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support.fleet import FAULT_POLICY, REPO, call_states, effects
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -21,9 +21,9 @@ from orchestrator.calls import PreparedCall
 from orchestrator.dispatch import publish as publish_module
 from orchestrator.dispatch.celery import CeleryDispatcher
 from tests.support.fleet import effects
-from tool_workers.app import create_app
-from tool_workers.protocol import task_id_for
-from tool_workers.settings import Settings
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.names import task_id_for
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -27,10 +27,10 @@ from tests.support.fleet import (
     started_calls,
     wait_until,
 )
-from tool_workers.app import create_app
 from tool_workers.builtin.workspace import GREP_MATCH_SECONDS
-from tool_workers.protocol import task_id_for
-from tool_workers.settings import Settings
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.names import task_id_for
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -32,8 +32,8 @@ from tests.support.wire import (
     wait_stored,
     watch_only,
 )
-from tool_workers.protocol import ToolRequest
-from tool_workers.settings import Settings
+from tool_workers.contract.models import ToolRequest
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(180)
 

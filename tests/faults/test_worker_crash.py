@@ -16,8 +16,8 @@ from langchain_core.messages import AIMessage, ToolMessage
 
 from orchestrator import CeleryToolMiddleware, ScriptedChatModel, discover_tools, dispatcher_for
 from tests.support.fleet import effects, wait_started, wait_until
-from tool_workers.protocol import call_key, task_id_for
-from tool_workers.settings import Settings
+from tool_workers.contract.names import call_key, task_id_for
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

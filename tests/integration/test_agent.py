@@ -14,7 +14,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 from orchestrator import CeleryToolMiddleware, discover_tools, dispatcher_for
 from tests import fleet_tools
 from tests.support.fleet import one_turn
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,7 +15,7 @@ from orchestrator.callbacks import RemoteToolError
 from tests import fleet_tools
 from tests.support.callbacks import Recorder
 from tests.support.fleet import one_turn
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.local import settings_env
 from tests.support.fleet import REPO
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(180)
 

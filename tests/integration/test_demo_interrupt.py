@@ -20,7 +20,7 @@ import pytest
 
 from orchestrator.local import WorkerProcess
 from tests.support.fleet import REPO
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -18,7 +18,7 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
 from orchestrator import CeleryToolMiddleware, ScriptedChatModel, discover_tools, dispatcher_for
 from orchestrator.scripted import tool_calls_message
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -28,10 +28,10 @@ from orchestrator.calls import PreparedCall
 from orchestrator.dispatch.celery import CeleryDispatcher
 from tests import fleet_tools
 from tests.support.fleet import one_turn
-from tool_workers.app import create_app
-from tool_workers.errors import DispatchError
-from tool_workers.protocol import revoked_key
-from tool_workers.settings import Settings
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.errors import DispatchError
+from tool_workers.contract.names import revoked_key
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,7 +14,7 @@ from langgraph.types import Send
 
 from orchestrator import RemoteToolNode, ScriptedChatModel, discover_tools, dispatcher_for
 from orchestrator.scripted import tool_calls_message
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,7 +17,7 @@ from langgraph.types import Command
 from orchestrator import CeleryToolMiddleware, ScriptedChatModel, discover_tools, dispatcher_for
 from orchestrator.scripted import tool_calls_message
 from tests.support.fleet import effects
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,7 +13,7 @@ from langgraph_sdk import get_client
 from tests.support.fleet import REPO
 from tests.support.langgraph_dev import start_langgraph_dev
 from tests.support.serving import ServerProcess, prefork_fleet, run
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
 

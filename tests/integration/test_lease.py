@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from tool_workers.backend import _STORE
-from tool_workers.fence import (
+from tool_workers.celery_ext.backend import _STORE
+from tool_workers.celery_ext.fence import (
     START_SCRIPT,
     fence_key,
     handed_on_key,
@@ -23,8 +23,8 @@ from tool_workers.fence import (
     parse_start,
     start_args,
 )
-from tool_workers.lease import Lease, held_entry, leases_key
-from tool_workers.settings import Settings
+from tool_workers.celery_ext.lease import Lease, held_entry, leases_key
+from tool_workers.contract.settings import Settings
 
 TTL = 0.3
 

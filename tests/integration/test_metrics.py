@@ -17,8 +17,8 @@ from orchestrator import dispatcher_for
 from orchestrator.calls import PreparedCall
 from orchestrator.dispatch import CeleryDispatcher
 from tests.support.serving import free_port
-from tool_workers.protocol import task_id_for
-from tool_workers.settings import Settings
+from tool_workers.contract.names import task_id_for
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

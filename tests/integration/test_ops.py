@@ -54,9 +54,9 @@ from tests.support.compose import (
 )
 from tests.support.fleet import REPO, new_namespace
 from tests.support.sandbox import sandbox_python
-from tool_workers.app import create_app
-from tool_workers.protocol import task_id_for
-from tool_workers.settings import Settings
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.names import task_id_for
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

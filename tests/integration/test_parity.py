@@ -19,7 +19,7 @@ from tests.support.fleet import REPO
 from tests.support.langgraph_dev import start_langgraph_dev
 from tests.support.parity import Recording, Ref, Step, compare, record, report
 from tests.support.serving import ServerProcess, prefork_fleet, run, start_server
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.api_pair import ApiPair, api_pair, shape, status_of
 from tests.support.serving import prefork_fleet
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
 

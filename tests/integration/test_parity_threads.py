@@ -15,7 +15,7 @@ import redis
 from orchestrator.server.keys import Keys
 from tests.support.api_pair import THREAD_GAPS, ApiPair, api_pair, drop, shape, status_of
 from tests.support.serving import prefork_fleet, run
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
 

@@ -36,7 +36,7 @@ from orchestrator.local import WorkerProcess, settings_env
 from orchestrator.scripted import tool_calls_message
 from tests.support.fleet import REPO, fleet_settings
 from tests.support.serving import ServerProcess, start_server
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -20,10 +20,10 @@ from orchestrator.bench.delay_proxy import DelayProxy
 from orchestrator.bench.links import proxied
 from orchestrator.calls import PreparedCall
 from orchestrator.local import EmbeddedRedis
-from tool_workers.app import create_app
-from tool_workers.backend import ToolfleetRedisBackend, execute_pipeline
-from tool_workers.protocol import call_marker_key, task_id_for
-from tool_workers.settings import Settings
+from tool_workers.celery_ext.backend import ToolfleetRedisBackend, execute_pipeline
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.names import call_marker_key, task_id_for
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

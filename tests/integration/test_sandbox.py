@@ -24,8 +24,9 @@ from orchestrator.calls import PreparedCall
 from orchestrator.local import WorkerProcess
 from tests.support.fleet import RUN_ID, wait_until
 from tests.support.sandbox import NobodyWorker, nobody_dir, sandbox_python
-from tool_workers.protocol import ToolResult, task_id_for
-from tool_workers.settings import Settings
+from tool_workers.contract.models import ToolResult
+from tool_workers.contract.names import task_id_for
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(180)
 

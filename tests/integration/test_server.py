@@ -28,7 +28,7 @@ from langgraph_sdk.errors import (
 
 from orchestrator.server.eventlog import parse_id
 from tests.support.serving import ServerProcess, prefork_fleet, run, start_server, wait_for_states
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
 

@@ -22,7 +22,7 @@ import redis
 from orchestrator.server.guard import MAX_HEADER_BYTES, MAX_URL_BYTES
 from orchestrator.server.keys import Keys
 from tests.support.serving import ServerProcess, prefork_fleet, start_server
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
 

@@ -20,7 +20,7 @@ import redis
 
 from orchestrator.server.app import pooled_client
 from tests.support.serving import ServerProcess, prefork_fleet, start_server
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
 

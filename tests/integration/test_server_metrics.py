@@ -14,7 +14,7 @@ from langgraph_sdk import get_client
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.serving import ServerProcess, prefork_fleet, run, start_server
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
 

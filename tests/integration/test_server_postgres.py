@@ -22,7 +22,7 @@ from langgraph_sdk import get_client
 from langgraph_sdk.errors import ConflictError
 
 from tests.support.serving import ServerProcess, prefork_fleet, run, start_server, wait_for_states
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
 

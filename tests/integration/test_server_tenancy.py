@@ -20,7 +20,7 @@ from langgraph_sdk import get_client
 from langgraph_sdk.errors import NotFoundError, RateLimitError
 
 from tests.support.serving import TEST_MODEL, ServerProcess, prefork_fleet, run, start_server
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
 

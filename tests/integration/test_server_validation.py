@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from tests.support.serving import ServerProcess, prefork_fleet, start_server
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
 

@@ -14,9 +14,9 @@ import pytest
 import redis
 
 from orchestrator.cli.status import collect
-from tool_workers.app import create_app
-from tool_workers.protocol import placement_key, worker_processes_key
-from tool_workers.settings import Settings
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.names import placement_key, worker_processes_key
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

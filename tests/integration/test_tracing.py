@@ -24,9 +24,10 @@ from opentelemetry.util._once import Once
 from orchestrator import CeleryToolMiddleware, discover_tools, dispatcher_for
 from tests.support.fleet import one_turn
 from tests.support.spans import describe
-from tool_workers.app import create_app
-from tool_workers.protocol import ToolRequest, TraceContext, task_name
-from tool_workers.settings import Settings
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.models import ToolRequest, TraceContext
+from tool_workers.contract.names import task_name
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

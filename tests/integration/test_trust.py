@@ -19,16 +19,11 @@ from orchestrator.cli.status import queue_depths
 from orchestrator.local import WorkerProcess
 from orchestrator.scripted import ScriptedChatModel
 from tests.support.fleet import effects, one_turn, wait_until
-from tool_workers.app import create_app
-from tool_workers.protocol import (
-    ToolResult,
-    WorkerEntry,
-    call_key,
-    task_id_for,
-    worker_registry_key,
-)
-from tool_workers.settings import Settings
-from tool_workers.signing import sign_result
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.models import ToolResult, WorkerEntry
+from tool_workers.contract.names import call_key, task_id_for, worker_registry_key
+from tool_workers.contract.settings import Settings
+from tool_workers.contract.signing import sign_result
 
 pytestmark = pytest.mark.timeout(120)
 

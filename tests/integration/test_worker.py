@@ -18,15 +18,10 @@ from orchestrator import dispatcher_for
 from orchestrator.calls import PreparedCall
 from orchestrator.local import settings_env
 from tests.support.fleet import REPO, worker_env
-from tool_workers.app import create_app
-from tool_workers.protocol import (
-    ToolRequest,
-    WorkerEntry,
-    task_id_for,
-    task_name,
-    worker_registry_key,
-)
-from tool_workers.settings import Settings
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.models import ToolRequest, WorkerEntry
+from tool_workers.contract.names import task_id_for, task_name, worker_registry_key
+from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,7 +1,7 @@
 """RabbitMQ for tests: whether it answers, and removing a namespace's queues afterwards.
 
 RabbitMQ has no key prefix to scan for: a test's queues and exchanges are named
-``<namespace>:<queue>`` (:mod:`tool_workers.amqp`), and are deleted by name.
+``<namespace>:<queue>`` (:mod:`tool_workers.contract.amqp`), and are deleted by name.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from langgraph_sdk import get_client
 from tests.support.fleet import REPO
 from tests.support.langgraph_dev import start_langgraph_dev
 from tests.support.serving import ServerProcess, run, start_server
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 T = TypeVar("T")
 

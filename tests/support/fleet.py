@@ -15,9 +15,9 @@ import redis
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
 from orchestrator.scripted import ScriptedChatModel, tool_calls_message
-from tool_workers.app import create_app
-from tool_workers.protocol import run_marker_key
-from tool_workers.settings import Settings
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.names import run_marker_key
+from tool_workers.contract.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_POLICY = REPO / "tests" / "fleet_policy.toml"

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from tests.support.serving import ServerProcess
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 QUIET = {
     "LANGGRAPH_CLI_NO_ANALYTICS": "1",

@@ -24,8 +24,8 @@ from tests.support.fleet import fleet_settings, worker_env
 from tests.support.hosts import HostRedis, HostWorker
 from tests.support.net_tools import read_effects
 from tests.support.netns import TestNet
-from tool_workers.app import create_app
-from tool_workers.settings import Settings
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.settings import Settings
 
 NET_POLICY = Path(__file__).resolve().parent.parent / "faults" / "net_policy.toml"
 

@@ -26,7 +26,7 @@ import redis
 
 from orchestrator.local import WorkerProcess, settings_env
 from tests.support.fleet import REPO, fleet_settings, worker_env
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 T = TypeVar("T")
 
@@ -190,7 +190,7 @@ def wait_for_states(
     Reads the result keys with a client of its own (closed after), not through a Celery
     app whose backend connection would outlive the test.
     """
-    from tool_workers.app import create_app
+    from tool_workers.contract.broker import create_app
 
     app = create_app(settings)
     client = redis.Redis.from_url(settings.backend_url)

@@ -10,9 +10,9 @@ import redis
 
 from orchestrator import dispatcher_for
 from orchestrator.calls import PreparedCall
-from tool_workers.app import create_app
-from tool_workers.protocol import call_marker_key, task_id_for, task_name
-from tool_workers.settings import Settings
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.names import call_marker_key, task_id_for, task_name
+from tool_workers.contract.settings import Settings
 
 
 def direct(tool: str, **args: Any) -> PreparedCall:

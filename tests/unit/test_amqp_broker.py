@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from tool_workers.app import create_app, visibility_timeout
-from tool_workers.settings import Settings, ToolPolicies, ToolPolicy, settings_error
+from tool_workers.contract.broker import create_app, visibility_timeout
+from tool_workers.contract.settings import Settings, ToolPolicies, ToolPolicy, settings_error
 
 AMQP = "amqp://guest:guest@rabbit:5672//"
 REDIS = "redis://cache:6379/0"

@@ -21,27 +21,21 @@ from orchestrator.dispatch.in_process import InProcessDispatcher
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("orchestrator", "tool_workers")
 
-CONTRACT = frozenset(
-    {
-        "tool_workers",  # the package's public names (current_call, heartbeat, Settings, ...)
-        "tool_workers.protocol",  # wire models, task/queue names, Redis keys, shared texts
-        "tool_workers.errors",  # the exception tree
-        "tool_workers.settings",  # the one settings object
-        "tool_workers.connections",  # Redis clients with the deployment's TLS, URL masking
-        "tool_workers.wire_json",  # graph values as JSON
-        "tool_workers.app",  # the Celery app both sides build from settings
-        "tool_workers.transport",  # the Redis broker transport both sides publish through
-        "tool_workers.amqp",  # its RabbitMQ part: queue names and arguments on the broker
-        "tool_workers.logs",  # the log line format both sides write
-        "tool_workers.store",  # the LangGraph store both sides open (TOOLFLEET_STORE_URL)
-        "tool_workers.placeholders",  # the placeholder secrets every process refuses at start
-        "tool_workers.signing",  # the HMAC of signed envelopes (TOOLFLEET_SIGNING_KEY)
-    }
-)
-"""The ``tool_workers`` modules the orchestrator may import."""
+CONTRACT = "tool_workers.contract"
+"""The one part of ``tool_workers`` the orchestrator may import: the contract subpackage
+(models, names, settings, errors, signing, JSON, connections, logs, the Celery app both
+sides build). The package itself (``tool_workers``: current_call, heartbeat, Settings)
+is for tool authors, not for the orchestrator."""
+
+
+def in_contract(module: str) -> bool:
+    return module == CONTRACT or module.startswith(CONTRACT + ".")
 
 RUNS_THE_WORKER = {
-    "orchestrator.dispatch.in_process": {"tool_workers.execute", "tool_workers.tasks"},
+    "orchestrator.dispatch.in_process": {
+        "tool_workers.runtime.execute",
+        "tool_workers.runtime.tasks",
+    },
     "orchestrator.bench.agents": {"tool_workers.builtin.diagnostics"},
 }
 """The exceptions, which run worker code in this process on purpose: the in-process
@@ -109,8 +103,12 @@ def test_given_orchestrator_then_it_imports_only_the_workers_contract() -> None:
     for name, targets in GRAPH.items():
         if not name.startswith("orchestrator"):
             continue
-        allowed = CONTRACT | RUNS_THE_WORKER.get(name, set())
-        outside = sorted(t for t in targets if t.startswith("tool_workers") and t not in allowed)
+        allowed = RUNS_THE_WORKER.get(name, set())
+        outside = sorted(
+            t
+            for t in targets
+            if t.startswith("tool_workers") and not in_contract(t) and t not in allowed
+        )
         if outside:
             offenders[name] = outside
     assert offenders == {}
@@ -151,6 +149,21 @@ def test_given_both_packages_then_no_import_cycle() -> None:
         if node not in index:
             visit(node)
     assert cycles == []
+
+
+def test_given_tool_workers_then_at_most_twelve_top_level_modules() -> None:
+    top = [p for p in (REPO / "tool_workers").glob("*.py")]
+    assert len(top) <= 12, sorted(p.name for p in top)
+
+
+def test_given_the_contract_then_it_imports_nothing_else_of_tool_workers() -> None:
+    # What the orchestrator imports must not pull the worker's runtime in behind it.
+    offenders = {
+        name: sorted(t for t in targets if t.startswith("tool_workers.") and not in_contract(t))
+        for name, targets in GRAPH.items()
+        if in_contract(name)
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
 
 
 def test_given_orchestrator_then_at_most_twenty_top_level_modules() -> None:

@@ -24,8 +24,8 @@ from tests.support.sandbox import sandbox_python
 from tool_workers.builtin import get_tools
 from tool_workers.builtin.sandbox import sandbox_tools
 from tool_workers.builtin.workspace import workspace_tools
-from tool_workers.errors import ConfigError
-from tool_workers.settings import Settings
+from tool_workers.contract.errors import ConfigError
+from tool_workers.contract.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 ALL_TOOLS = {"read_file", "list_dir", "grep", "write_file", "run_python", "sleep", "echo"}

@@ -12,14 +12,14 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tool_workers.app import celery_config, create_app
-from tool_workers.connections import (
+from tool_workers.contract.broker import celery_config, create_app
+from tool_workers.contract.connections import (
     celery_tls_config,
     mask_secrets,
     redis_client,
     redis_connection_kwargs,
 )
-from tool_workers.settings import Settings, ToolPolicies
+from tool_workers.contract.settings import Settings, ToolPolicies
 
 TLS = Settings(
     broker_url="rediss://app:pw@cache:6380/0",

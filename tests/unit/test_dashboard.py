@@ -16,7 +16,7 @@ from prometheus_client.metrics_core import Metric
 from orchestrator.server.routes.metrics import ServerMetrics
 from tests.support.compose import services
 from tests.support.fleet import REPO
-from tool_workers.metrics import WorkerMetrics
+from tool_workers.observability.metrics import WorkerMetrics
 
 DASHBOARD = REPO / "config" / "grafana" / "toolfleet-dashboard.json"
 

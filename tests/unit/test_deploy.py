@@ -20,9 +20,9 @@ from tests.support.compose import (
     variables,
 )
 from tests.support.fleet import REPO
-from tool_workers.errors import ConfigError
-from tool_workers.placeholders import is_placeholder, refuse_placeholders
-from tool_workers.settings import Settings, ToolPolicies
+from tool_workers.contract.errors import ConfigError
+from tool_workers.contract.placeholders import is_placeholder, refuse_placeholders
+from tool_workers.contract.settings import Settings, ToolPolicies
 
 SECRETS = {"REDIS_PASSWORD": "pw", "FLOWER_BASIC_AUTH": "ops:pw", "TOOLFLEET_API_TOKENS": "t"}
 TOOLFLEET_SERVICES = ("tool-worker", "sandbox-worker", "flower", "orchestrator")

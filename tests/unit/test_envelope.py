@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kombu.serialization import loads
 
-from tool_workers.envelope import MAX_TASK_ID_CHARS, check_message, usable_task_id
+from tool_workers.celery_ext.envelope import MAX_TASK_ID_CHARS, check_message, usable_task_id
 
 TASK_ID = "0b9c7c5e-3a0f-5c55-9d6e-2f1c8c3d9a10"
 

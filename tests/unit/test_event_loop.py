@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tool_workers.event_loop import (
+from tool_workers.celery_ext.event_loop import (
     RECONNECT_INTERVAL,
     LimitWatchdog,
     steady_retries,

@@ -9,9 +9,9 @@ from langchain_core.tools import BaseTool, ToolException, tool
 from langgraph.types import Command, Send
 
 from tool_workers import current_call
-from tool_workers.context import CallContext
-from tool_workers.execute import TRUNCATION_NOTE, Limits, run_call
-from tool_workers.protocol import ToolRequest
+from tool_workers.contract.models import ToolRequest
+from tool_workers.runtime.context import CallContext
+from tool_workers.runtime.execute import TRUNCATION_NOTE, Limits, run_call
 
 
 def request(tool: BaseTool, **args: Any) -> ToolRequest:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tool_workers.errors import ToolLoadError
-from tool_workers.loader import load_tools
-from tool_workers.settings import Settings
+from tool_workers.contract.errors import ToolLoadError
+from tool_workers.contract.settings import Settings
+from tool_workers.runtime.loader import load_tools
 
 BUILTIN_NAMES = {"read_file", "list_dir", "grep", "write_file", "run_python", "sleep", "echo"}
 

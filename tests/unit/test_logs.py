@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tool_workers.logs import (
+from tool_workers.contract.logs import (
     JsonFormatter,
     KeyValueFormatter,
     configure_logging,
@@ -18,7 +18,7 @@ from tool_workers.logs import (
     render_key_values,
     settings_fields,
 )
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 CALL = {
     "side": "worker",

@@ -30,8 +30,9 @@ from orchestrator.dispatch.in_process import InProcessDispatcher
 from orchestrator.middleware import CeleryToolMiddleware
 from orchestrator.node import RemoteToolNode
 from orchestrator.scripted import ScriptedChatModel, tool_calls_message
-from tool_workers.errors import RunDeadlineExceeded
-from tool_workers.protocol import Injected, call_key, task_id_for
+from tool_workers.contract.errors import RunDeadlineExceeded
+from tool_workers.contract.models import Injected
+from tool_workers.contract.names import call_key, task_id_for
 
 Mode = Literal["invoke", "ainvoke"]
 MODES: list[Mode] = ["invoke", "ainvoke"]

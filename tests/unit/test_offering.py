@@ -12,7 +12,7 @@ from langchain_core.tools import StructuredTool
 from orchestrator.offering import ToolOffer, tool_name
 from orchestrator.placement import PlacementRules
 from orchestrator.tools import RemoteTool
-from tool_workers.protocol import ToolSpec
+from tool_workers.contract.models import ToolSpec
 
 
 def spec(name: str, *args: str) -> ToolSpec:

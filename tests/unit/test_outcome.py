@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from orchestrator.dispatch.outcome import result_from_meta
-from tool_workers.protocol import ToolResult, ToolSpec
+from tool_workers.contract.models import ToolResult, ToolSpec
 
 SPEC = ToolSpec(name="grep", options={"time_limit": 30.0})
 

@@ -18,7 +18,7 @@ from langgraph.store.memory import InMemoryStore
 from orchestrator.server.errors import NotFound
 from orchestrator.server.graphs import Graphs, ProjectSource, assistant_id_for
 from orchestrator.server.projects import GraphSpec, ProjectGraph, import_graph, read_project
-from tool_workers.errors import ConfigError
+from tool_workers.contract.errors import ConfigError
 
 GRAPHS_MODULE = """
 from __future__ import annotations

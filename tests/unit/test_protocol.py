@@ -9,14 +9,16 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from tool_workers.protocol import (
+from tool_workers.contract.models import (
     LATER_REQUEST_FIELDS,
     MAX_ID_CHARS,
     PROTOCOL_VERSION,
-    TASK_PREFIX,
     ToolRequest,
     ToolResult,
     TraceContext,
+)
+from tool_workers.contract.names import (
+    TASK_PREFIX,
     call_key,
     task_id_for,
     task_name,

@@ -16,9 +16,10 @@ from celery import Celery
 
 from orchestrator.calls import PreparedCall
 from orchestrator.dispatch.publish import Publisher
-from tool_workers.app import create_app
-from tool_workers.protocol import ToolRequest, TraceContext, call_marker_key
-from tool_workers.settings import Settings
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.models import ToolRequest, TraceContext
+from tool_workers.contract.names import call_marker_key
+from tool_workers.contract.settings import Settings
 
 
 class MarkerStore:

@@ -10,8 +10,8 @@ from celery.app import trace
 from celery.utils.saferepr import saferepr
 from celery.worker.request import Request
 
-from tool_workers.protocol import ToolResult
-from tool_workers.redaction import SucceededLineFilter, ToolCallRequest, result_summary
+from tool_workers.celery_ext.redaction import SucceededLineFilter, ToolCallRequest, result_summary
+from tool_workers.contract.models import ToolResult
 
 
 def rstr(result: ToolResult) -> str:

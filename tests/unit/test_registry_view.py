@@ -34,8 +34,8 @@ class FlakyRegistry:
 
 def test_given_registry_read_failing_after_a_good_one_then_last_map_is_served() -> None:
     from orchestrator.dispatch.registry import RegistryView
-    from tool_workers.protocol import ToolSpec, WorkerEntry
-    from tool_workers.settings import Settings
+    from tool_workers.contract.models import ToolSpec, WorkerEntry
+    from tool_workers.contract.settings import Settings
 
     entry = WorkerEntry(
         worker="w1", pid=1, queues=["tools"], tools=[ToolSpec(name="grep")], updated_at=0.0
@@ -52,9 +52,9 @@ def test_given_registry_read_failing_after_a_good_one_then_last_map_is_served() 
 
 def test_given_registry_never_readable_then_dispatch_error(monkeypatch: Any) -> None:
     from orchestrator.dispatch import registry
-    from tool_workers.errors import DispatchError
-    from tool_workers.protocol import WorkerEntry
-    from tool_workers.settings import Settings
+    from tool_workers.contract.errors import DispatchError
+    from tool_workers.contract.models import WorkerEntry
+    from tool_workers.contract.settings import Settings
 
     monkeypatch.setattr(registry, "FIRST_READ_SECONDS", 0.5)
     client = FlakyRegistry(WorkerEntry(worker="w1", pid=1, queues=[], tools=[], updated_at=0))
@@ -73,8 +73,8 @@ def test_given_workers_disagreeing_about_a_tool_then_policy_and_names_decide_and
     history, then the policy's queue wins, the orchestrator's policy sets queue and
     ``inject_messages``, and the disagreement is logged once."""
     from orchestrator.dispatch.registry import served_tools
-    from tool_workers.protocol import ToolSpec, WorkerEntry
-    from tool_workers.settings import ToolPolicies
+    from tool_workers.contract.models import ToolSpec, WorkerEntry
+    from tool_workers.contract.settings import ToolPolicies
 
     policies = ToolPolicies.model_validate({"tools": {"grep": {"queue": "files"}}})
     honest = WorkerEntry(
@@ -117,8 +117,8 @@ def test_given_workers_disagreeing_about_a_tool_then_policy_and_names_decide_and
 
 def test_given_equal_offers_off_the_policy_queue_then_first_worker_name_wins() -> None:
     from orchestrator.dispatch.registry import served_tools
-    from tool_workers.protocol import ToolSpec, WorkerEntry
-    from tool_workers.settings import ToolPolicies
+    from tool_workers.contract.models import ToolSpec, WorkerEntry
+    from tool_workers.contract.settings import ToolPolicies
 
     def entry(worker: str, description: str, updated_at: float) -> WorkerEntry:
         spec = ToolSpec(name="echo", description=description, queue="elsewhere")
@@ -140,8 +140,8 @@ def test_given_a_stale_map_then_it_is_served_at_once_and_read_again_in_the_backg
     import threading
 
     from orchestrator.dispatch import registry
-    from tool_workers.protocol import ToolSpec, WorkerEntry
-    from tool_workers.settings import Settings
+    from tool_workers.contract.models import ToolSpec, WorkerEntry
+    from tool_workers.contract.settings import Settings
 
     monkeypatch.setattr(registry, "CACHE_SECONDS", 0.0)
     client = FlakyRegistry(

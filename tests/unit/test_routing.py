@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from tests.support.fleet import REPO, TEST_POLICY
-from tool_workers.app import create_app
-from tool_workers.loader import load_tools
-from tool_workers.settings import Settings, ToolPolicies
-from tool_workers.tasks import register_tools
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.settings import Settings, ToolPolicies
+from tool_workers.runtime.loader import load_tools
+from tool_workers.runtime.tasks import register_tools
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def test_time_limits_retries_and_queue_become_task_options(registered: tuple) ->
     assert flaky.max_retries == 3
     assert (add.time_limit, add.queue, add.max_retries) == (60, "tools", 0)
     assert all(app.tasks[f"tools.{n}"].acks_late for n in ("hang", "flaky", "add"))
-    assert hang.Request == "tool_workers.redaction:ToolCallRequest"
+    assert hang.Request == "tool_workers.celery_ext.redaction:ToolCallRequest"
 
 
 def test_routes_send_each_tool_to_its_queue(registered: tuple) -> None:  # type: ignore[type-arg]

@@ -32,8 +32,8 @@ from orchestrator.server.schemas import HistoryRequest, RunCreate
 from orchestrator.server.streaming import event_filter
 from tests import server_models
 from tests.support.fleet import REPO
-from tool_workers.errors import ConfigError
-from tool_workers.settings import Settings
+from tool_workers.contract.errors import ConfigError
+from tool_workers.contract.settings import Settings
 
 TOKEN = "unit-token"
 

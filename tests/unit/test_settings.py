@@ -7,10 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from tool_workers.app import BACKEND_CLASS, celery_config, create_app, visibility_timeout
-from tool_workers.errors import ConfigError
-from tool_workers.protocol import DEFAULT_QUEUE
-from tool_workers.settings import Settings, ToolPolicies, ToolPolicy
+from tool_workers.contract.broker import (
+    BACKEND_CLASS,
+    celery_config,
+    create_app,
+    visibility_timeout,
+)
+from tool_workers.contract.errors import ConfigError
+from tool_workers.contract.names import DEFAULT_QUEUE
+from tool_workers.contract.settings import Settings, ToolPolicies, ToolPolicy
 
 POLICY_TOML = """
 [defaults]

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from orchestrator.dispatch.outcome import result_from_meta
-from tool_workers.protocol import ToolRequest, ToolResult
-from tool_workers.settings import Settings
-from tool_workers.signing import (
+from tool_workers.contract.models import ToolRequest, ToolResult
+from tool_workers.contract.settings import Settings
+from tool_workers.contract.signing import (
     request_problem,
     result_problem,
     sign_request,

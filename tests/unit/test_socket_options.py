@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import socket
 
-from tool_workers.app import create_app
-from tool_workers.connections import async_redis_client, keepalive_options, redis_client
-from tool_workers.settings import Settings
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.connections import async_redis_client, keepalive_options, redis_client
+from tool_workers.contract.settings import Settings
 
 SETTINGS = Settings(broker_url="redis://cache:6379/0", socket_timeout=4.0)
 

@@ -12,9 +12,9 @@ import pytest
 from billiard.exceptions import SoftTimeLimitExceeded
 from billiard.pool import soft_timeout_sighandler
 
-from tool_workers import event_loop, soft_limit
-from tool_workers.event_loop import spare_storing_calls
-from tool_workers.soft_limit import tool_window
+from tool_workers.celery_ext import event_loop, soft_limit
+from tool_workers.celery_ext.event_loop import spare_storing_calls
+from tool_workers.celery_ext.soft_limit import tool_window
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import pytest
 from langchain_core.runnables import RunnableConfig
 from langsmith.run_helpers import tracing_context
 
-from tool_workers.protocol import TraceContext
-from tool_workers.trace_parent import parented_config
+from tool_workers.contract.models import TraceContext
+from tool_workers.observability.trace_parent import parented_config
 
 CONFIG: RunnableConfig = {"configurable": {"thread_id": "t-1"}, "tags": ["a"]}
 

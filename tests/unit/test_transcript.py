@@ -17,7 +17,7 @@ from orchestrator.dispatch.in_process import InProcessDispatcher
 from orchestrator.middleware import CeleryToolMiddleware
 from orchestrator.scripted import ScriptedChatModel, tool_calls_message
 from orchestrator.transcript import close_pending_calls, pending_calls
-from tool_workers.errors import DispatchError
+from tool_workers.contract.errors import DispatchError
 
 
 @tool

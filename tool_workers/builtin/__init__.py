@@ -25,7 +25,7 @@ from langchain_core.tools import BaseTool
 from tool_workers.builtin.diagnostics import diagnostic_tools
 from tool_workers.builtin.sandbox import sandbox_tools
 from tool_workers.builtin.workspace import workspace_tools
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 __all__ = ["diagnostic_tools", "get_tools", "sandbox_tools", "workspace_tools"]
 

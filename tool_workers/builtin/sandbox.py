@@ -62,7 +62,7 @@ from pydantic import BaseModel, Field
 
 from tool_workers.builtin import supervisor
 from tool_workers.builtin.adoption import ADOPTION
-from tool_workers.errors import ConfigError
+from tool_workers.contract.errors import ConfigError
 
 __all__ = ["sandbox_tools"]
 

@@ -12,7 +12,8 @@ its hard limit kept running (and making side effects) for as long as the cut las
   thread), only where the loop is late: half a second past the soft limit the soft-limit
   signal (cancelling the loop's own timer for it), one second past the hard limit the
   kill and the timeout result. A loop timer that fires anyway finds the call ended, and
-  the pool process ignores a duplicate soft-limit signal (:mod:`tool_workers.soft_limit`).
+  the pool process ignores a duplicate soft-limit signal
+  (:mod:`tool_workers.celery_ext.soft_limit`).
 * :func:`steady_retries` makes the reconnect attempts follow each other every second
   instead of backing off to 30 s, so a healed link is used again within seconds.
 """
@@ -28,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-from tool_workers.soft_limit import storing
+from tool_workers.celery_ext.soft_limit import storing
 
 log = logging.getLogger("toolfleet.worker")
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from langgraph.store.base import BaseStore
 
-from tool_workers.errors import ConfigError
-from tool_workers.settings import Settings
+from tool_workers.contract.errors import ConfigError
+from tool_workers.contract.settings import Settings
 
 _lock = threading.Lock()
 _stores: dict[tuple[int, str], Any] = {}

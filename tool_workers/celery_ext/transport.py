@@ -8,7 +8,7 @@ raises there, in the worker's event loop, and the worker exits with ``Unrecovera
 error``. The entry is already off the list, so this channel logs one line and goes on
 polling: there is no task id to answer, and nothing to give back.
 
-Its QoS records each delivery in the worker's lease (:mod:`tool_workers.lease`) in the
+Its QoS records each delivery in the worker's lease (:mod:`tool_workers.celery_ext.lease`) in the
 same round trip where kombu records it as unacknowledged, and leaves alone, when it is
 acknowledged, rejected or restored, a delivery the lease says was handed on to another
 worker: under the same delivery tag, that message is now the other worker's.
@@ -34,8 +34,8 @@ from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 
-from tool_workers import lease as leases
-from tool_workers.fence import HOLDING_HEADER
+from tool_workers.celery_ext import lease as leases
+from tool_workers.celery_ext.fence import HOLDING_HEADER
 
 log = logging.getLogger("toolfleet.worker")
 

@@ -12,7 +12,6 @@ the tool twice.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -25,6 +24,8 @@ from pydantic import (
     ValidatorFunctionWrapHandler,
     field_validator,
 )
+
+from tool_workers.contract.names import DEFAULT_QUEUE
 
 PROTOCOL_VERSION = 1
 """Bumped on any incompatible change to ToolRequest or ToolResult.
@@ -41,12 +42,6 @@ LATER_REQUEST_FIELDS = frozenset({"trace"})
 """ToolRequest fields added after protocol version 1 was first released: off the wire
 while unset."""
 
-DEFAULT_QUEUE = "tools"
-"""Queue a tool is routed to unless its policy names another."""
-
-TASK_PREFIX = "tools."
-"""Every tool's Celery task is named ``tools.<tool name>``."""
-
 MAX_ID_CHARS = 256
 """Longest tool name, call id, thread id, run id or idempotency key a worker accepts.
 
@@ -55,8 +50,6 @@ once held a pool slot for seconds while its log line was masked.
 """
 
 _FROM_WIRE = "toolfleet_from_wire"
-
-_TASK_ID_NAMESPACE = uuid.UUID("6b1f6d2e-54a4-4c52-9e0a-6f0f3c7d2a11")
 
 ErrorKind = Literal[
     "tool_error",  # the tool raised
@@ -73,30 +66,6 @@ ErrorKind = Literal[
     "context",  # the tool needs graph context (a store, a state field) it did not get
     "hung",  # no progress within the tool's idle timeout
 ]
-
-
-def task_name(tool: str) -> str:
-    """Celery task name of a tool."""
-    return f"{TASK_PREFIX}{tool}"
-
-
-def tool_from_task(name: str) -> str | None:
-    """Tool name of a toolfleet task name, or ``None`` for other tasks."""
-    return name[len(TASK_PREFIX) :] if name.startswith(TASK_PREFIX) else None
-
-
-def call_key(thread_id: str | None, message_id: str | None, call_id: str) -> str:
-    """The identity of one tool call: its ``tool_call_id`` within its AIMessage and thread.
-
-    The AIMessage id is part of it because some model providers reuse short call ids
-    (``call_0``) on every turn; two turns of one thread must not share a task.
-    """
-    return f"{thread_id or ''}\x1f{message_id or ''}\x1f{call_id}"
-
-
-def task_id_for(key: str) -> str:
-    """Deterministic Celery task id of a call key (also the call's idempotency key)."""
-    return str(uuid.uuid5(_TASK_ID_NAMESPACE, key))
 
 
 class ToolRequest(BaseModel):
@@ -122,7 +91,7 @@ class ToolRequest(BaseModel):
     trace: TraceContext | None = None
     """The caller's trace context: the worker's span of the call is its child."""
     signature: str | None = None
-    """HMAC-SHA256 of the request and its identity (see :mod:`tool_workers.signing`)."""
+    """HMAC-SHA256 of the request and its identity (see :mod:`tool_workers.contract.signing`)."""
 
     @field_validator("trace", mode="wrap")
     @classmethod
@@ -241,7 +210,7 @@ class ToolResult(BaseModel):
     duration: float = 0.0
     """Seconds the tool ran."""
     signature: str | None = None
-    """HMAC-SHA256 of the result and its task id (see :mod:`tool_workers.signing`)."""
+    """HMAC-SHA256 of the result and its task id (see :mod:`tool_workers.contract.signing`)."""
 
     @classmethod
     def error(cls, kind: ErrorKind, message: str, **fields: Any) -> ToolResult:
@@ -280,73 +249,6 @@ def timeout_text(tool: str, limit: float | None) -> str:
 
 
 # -- Redis keys and channels: every name toolfleet's core uses is built here --------------
-
-REPLY_CHANNEL_MARK = "toolfleet:reply:"
-"""Reply channels contain this; other ``reply_to`` values (Celery's defaults) are ignored."""
-
-IDLE_CHANNEL = "toolfleet-listener-idle"
-"""Channel a result listener without a reply channel subscribes, to keep its connection."""
-
-
-def reply_channel(key_prefix: str, token: str) -> str:
-    """The channel one orchestrator process hears every state and progress batch on."""
-    return f"{key_prefix}reply:{token}"
-
-
-def placement_key(key_prefix: str, host: str, pid: int) -> str:
-    """Where one orchestrator process publishes its agents' tool placement."""
-    return f"{key_prefix}placement:{host}:{pid}"
-
-
-def placement_pattern(key_prefix: str) -> str:
-    """``SCAN`` pattern matching every orchestrator's placement key."""
-    return f"{key_prefix}placement:*"
-
-
-def server_key_prefix(key_prefix: str) -> str:
-    """Prefix of every key of the HTTP service (see :mod:`orchestrator.server.keys`)."""
-    return f"{key_prefix}server:"
-
-
-def call_marker_key(key_prefix: str, task_id: str) -> str:
-    """Redis key set (``SET NX``) when a call is dispatched: guards against double sends."""
-    return f"{key_prefix}sent:{task_id}"
-
-
-def run_marker_key(key_prefix: str, task_id: str) -> str:
-    """Redis key a worker sets when it starts a call: detects redeliveries."""
-    return f"{key_prefix}started:{task_id}"
-
-
-def revoked_key(key_prefix: str, task_id: str) -> str:
-    """Redis key set when a call is cancelled: a worker starting it later does not run it.
-
-    Celery's revoke is a broadcast to the workers alive at that moment; this record
-    outlives it (for at least the result lifetime), so a worker that was down, or starts
-    after the cancellation, still refuses the call.
-    """
-    return f"{key_prefix}revoked:{task_id}"
-
-
-def worker_registry_key(key_prefix: str, worker: str) -> str:
-    """Redis key where one worker publishes the tools it serves."""
-    return f"{key_prefix}workers:{worker}"
-
-
-REGISTRY_TTL_REFRESHES = 3
-"""A worker's registry entry (and its note in ``worker-processes``) outlives this many
-refresh intervals without a refresh."""
-
-
-def worker_processes_key(key_prefix: str, worker: str) -> str:
-    """Redis sorted set of the processes (``host:pid``) refreshing one node name's entry,
-    scored by their last refresh: more than one fresh member is two workers of one name."""
-    return f"{key_prefix}worker-processes:{worker}"
-
-
-def worker_registry_pattern(key_prefix: str) -> str:
-    """``SCAN`` pattern matching every worker's registry key."""
-    return f"{key_prefix}workers:*"
 
 
 class ToolSpec(BaseModel):

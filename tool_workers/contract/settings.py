@@ -31,8 +31,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from tool_workers.errors import ConfigError
-from tool_workers.protocol import DEFAULT_QUEUE
+from tool_workers.contract.errors import ConfigError
+from tool_workers.contract.names import DEFAULT_QUEUE
 
 DEFAULT_CONFIG_PATH = Path("config/toolfleet.toml")
 

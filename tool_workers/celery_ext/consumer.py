@@ -1,6 +1,6 @@
 """The worker's message consumer: no message, whatever its shape, stops the worker.
 
-Every message on a task queue passes :func:`tool_workers.envelope.check_message` before
+Every message on a task queue passes :func:`tool_workers.celery_ext.envelope.check_message` before
 Celery's task handler sees it. A message Celery could not read safely (a body that is not
 ``[args, kwargs, embed]``, a ``timelimit`` header that is not a pair, no ``id`` header,
 an undecodable body) is acknowledged, logged in one line, and, when it carries a usable
@@ -21,8 +21,8 @@ from celery.worker import state as worker_state
 from celery.worker.consumer import Consumer
 from vine import promise
 
-from tool_workers.envelope import Refusal, check_message, usable_task_id
-from tool_workers.event_loop import steady_retries
+from tool_workers.celery_ext.envelope import Refusal, check_message, usable_task_id
+from tool_workers.celery_ext.event_loop import steady_retries
 
 log = logging.getLogger("toolfleet.worker")
 
@@ -89,9 +89,9 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
         return True
 
     class Blueprint(Consumer.Blueprint):  # type: ignore[misc]
-        # Heartbeats that never stall the event loop (tool_workers.heartbeat).
+        # Heartbeats that never stall the event loop (tool_workers.celery_ext.heartbeat).
         default_steps = [
-            "tool_workers.heartbeat:Heart" if step == _HEART else step
+            "tool_workers.celery_ext.heartbeat:Heart" if step == _HEART else step
             for step in Consumer.Blueprint.default_steps
         ]
 

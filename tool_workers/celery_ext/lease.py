@@ -13,11 +13,11 @@ delivery as unacknowledged), with a copy of the message ready to be queued again
 Every worker also sweeps: in one Lua script (atomic, so two sweepers never move one call
 twice, and kombu's own restore never also restores it) it takes the holdings of every
 lease that lapsed, moves each message still unacknowledged back to the head of its queue,
-and records that the call was handed on (:func:`tool_workers.fence.handed_on_key`). The
+and records that the call was handed on (:func:`tool_workers.celery_ext.fence.handed_on_key`). The
 visibility timeout stays as the last resort, for calls whose holdings record was lost.
 
 Which attempt of a handed-on call may start it and store its result is the fence's
-(:mod:`tool_workers.fence`). A worker that comes back after its lease lapsed learns it
+(:mod:`tool_workers.celery_ext.fence`). A worker that comes back after its lease lapsed learns it
 from its next renewal: it stops its executions that another attempt has since started,
 takes a new lease, and never acknowledges a delivery it no longer holds (the message,
 under the same tag, now belongs to another worker).
@@ -35,9 +35,9 @@ from typing import Any
 import redis
 from celery.worker import state as worker_state
 
-from tool_workers.connections import redis_client
-from tool_workers.fence import HOLDING_HEADER, fence_key, held_key, holding_token
-from tool_workers.settings import Settings
+from tool_workers.celery_ext.fence import HOLDING_HEADER, fence_key, held_key, holding_token
+from tool_workers.contract.connections import redis_client
+from tool_workers.contract.settings import Settings
 
 log = logging.getLogger("toolfleet.worker")
 

@@ -6,7 +6,7 @@ celery -A tool_workers worker ...`` or a tool module that sets one up), every ca
 inside a span ``execute_tool <tool>``:
 
 - its parent is the W3C ``traceparent``/``tracestate`` the request's
-  :class:`~tool_workers.protocol.TraceContext` carries (a call without one starts a
+  :class:`~tool_workers.contract.TraceContext` carries (a call without one starts a
   trace), or the span current when the task starts, when one is (the span of
   ``opentelemetry-instrumentation-celery``, itself a child of the same caller);
 - the span is current while the tool runs, so what the tool traces nests under it;
@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 from celery import signals
 from pydantic import ValidationError
 
-from tool_workers.metrics import returned_outcome
-from tool_workers.protocol import TraceContext, span_attributes, tool_from_task
+from tool_workers.contract.models import TraceContext, span_attributes
+from tool_workers.contract.names import tool_from_task
+from tool_workers.observability.metrics import returned_outcome
 
 if TYPE_CHECKING:
     from contextvars import Token

@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from celery import signals
 
-from tool_workers.errors import ConfigError
-from tool_workers.protocol import ErrorKind, tool_from_task
-from tool_workers.settings import Settings
+from tool_workers.contract.errors import ConfigError
+from tool_workers.contract.models import ErrorKind
+from tool_workers.contract.names import tool_from_task
+from tool_workers.contract.settings import Settings
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Histogram

@@ -22,8 +22,8 @@ from langgraph.prebuilt.tool_node import _get_all_injected_args
 from langgraph.runtime import Runtime
 from langgraph.store.base import BaseStore
 
-from tool_workers.protocol import InjectedArgs, ToolRequest
-from tool_workers.wire_json import from_wire
+from tool_workers.contract.models import InjectedArgs, ToolRequest
+from tool_workers.contract.wire_json import from_wire
 
 CONFIG_WHITELIST = ("thread_id", "run_id", "tags", "metadata", "checkpoint_ns")
 """Keys of the run's config a remote tool sees (in ``ToolRuntime.config``)."""

@@ -1,6 +1,6 @@
 """Run one tool call with ToolNode's semantics and turn the outcome into a ToolResult.
 
-Nothing here knows about Celery tasks: the task in :mod:`tool_workers.tasks` calls
+Nothing here knows about Celery tasks: the task in :mod:`tool_workers.runtime.tasks` calls
 :func:`run_call`, and the in-process dispatcher of the orchestrator's tests calls it too.
 """
 
@@ -22,12 +22,12 @@ from langgraph.prebuilt.tool_node import ToolInvocationError, msg_content_output
 from langgraph.types import Command, Send
 from pydantic import ValidationError
 
-from tool_workers.context import CallContext, call_scope
-from tool_workers.graph_context import MissingContextError, WorkerGraph, inject, invoke_config
-from tool_workers.protocol import ToolRequest, ToolResult, error_text, timeout_text
-from tool_workers.soft_limit import tool_window
-from tool_workers.trace_parent import parented_config
-from tool_workers.wire_json import NotJSONError, to_wire
+from tool_workers.celery_ext.soft_limit import tool_window
+from tool_workers.contract.models import ToolRequest, ToolResult, error_text, timeout_text
+from tool_workers.contract.wire_json import NotJSONError, to_wire
+from tool_workers.observability.trace_parent import parented_config
+from tool_workers.runtime.context import CallContext, call_scope
+from tool_workers.runtime.injection import MissingContextError, WorkerGraph, inject, invoke_config
 
 TRUNCATION_NOTE = "\n[toolfleet: result truncated from {size} to {limit} bytes]"
 

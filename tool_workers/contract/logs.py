@@ -20,8 +20,8 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
-from tool_workers.connections import mask_secrets
-from tool_workers.settings import Settings
+from tool_workers.contract.connections import mask_secrets
+from tool_workers.contract.settings import Settings
 
 FIELDS_ATTR = "toolfleet"
 """Name of the ``extra`` key whose mapping the formatters render."""

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tool_workers.protocol import TASK_PREFIX, tool_from_task
+from tool_workers.contract.names import TASK_PREFIX, tool_from_task
 
 MAX_TASK_ID_CHARS = 200
 """A task id longer than this (toolfleet's are 36-character UUIDs) is not used as a key."""

@@ -1,7 +1,7 @@
 """The Celery app both sides build from one Settings object.
 
 The orchestrator builds it to publish calls and read results; the worker builds it
-and then registers one task per tool (:mod:`tool_workers.celery`).
+and then registers one task per tool (:mod:`tool_workers.runtime.worker`).
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from typing import Any
 
 from celery import Celery
 
-from tool_workers.amqp import AMQP_CLASS, amqp_config
-from tool_workers.connections import celery_tls_config, keepalive_options
-from tool_workers.protocol import task_name
-from tool_workers.settings import Settings, ToolPolicies
-from tool_workers.transport import install as install_transport
+from tool_workers.celery_ext.transport import install as install_transport
+from tool_workers.contract.amqp import AMQP_CLASS, amqp_config
+from tool_workers.contract.connections import celery_tls_config, keepalive_options
+from tool_workers.contract.names import task_name
+from tool_workers.contract.settings import Settings, ToolPolicies
 
-BACKEND_CLASS = "tool_workers.backend:ToolfleetRedisBackend"
+BACKEND_CLASS = "tool_workers.celery_ext.backend:ToolfleetRedisBackend"
 
 REDELIVERY_MARGIN = 30.0
 """Seconds added to the longest time limit to get the broker's visibility timeout."""
@@ -95,7 +95,7 @@ def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
         "broker_channel_error_retry": True,
         # rediss:// URLs: the certificate checks of TOOLFLEET_REDIS_SSL_*.
         **celery_tls_config(settings),
-        "worker_consumer": "tool_workers.consumer:ToolfleetConsumer",
+        "worker_consumer": "tool_workers.celery_ext.consumer:ToolfleetConsumer",
     }
 
 

@@ -1,7 +1,7 @@
 """The tool registry, worker side: each worker publishes what it serves.
 
 A worker writes one key (``<prefix>workers:<node name>``) holding a
-:class:`~tool_workers.protocol.WorkerEntry`: its queues and, for every tool routed to a
+:class:`~tool_workers.contract.WorkerEntry`: its queues and, for every tool routed to a
 queue it consumes, the tool's name, description, JSON schema, ``return_direct``, queue
 and options. The key is refreshed every ``registry_refresh`` seconds and expires after
 three missed refreshes, so a tool no live worker serves drops out of the registry.
@@ -22,10 +22,9 @@ from collections.abc import Iterable
 
 import redis
 
-from tool_workers.protocol import (
+from tool_workers.contract.models import ToolSpec, WorkerEntry
+from tool_workers.contract.names import (
     REGISTRY_TTL_REFRESHES,
-    ToolSpec,
-    WorkerEntry,
     worker_processes_key,
     worker_registry_key,
 )

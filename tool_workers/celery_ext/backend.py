@@ -7,8 +7,8 @@ Celery makes two):
   here the check and the write are atomic). A call redelivered after its result was
   stored therefore cannot replace that result.
 * Fenced: a state stored for a delivery that carries a holding
-  (:data:`tool_workers.fence.HOLDING_HEADER`) is written only while that delivery is the
-  attempt that started the call last (:func:`tool_workers.fence.fence_key`), or, before
+  (:data:`tool_workers.celery_ext.fence.HOLDING_HEADER`) is written only while that delivery is the
+  attempt that started the call last (:func:`tool_workers.celery_ext.fence.fence_key`), or, before
   any attempt started it (a request refused before its start), while the delivery is
   still held. A worker that comes back after its call was handed on cannot overwrite
   the new attempt's state; its refused store is logged.
@@ -30,8 +30,8 @@ from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 from redis.exceptions import NoScriptError
 
-from tool_workers.fence import fence_of, holding_of, holding_token
-from tool_workers.protocol import REPLY_CHANNEL_MARK
+from tool_workers.celery_ext.fence import fence_of, holding_of, holding_token
+from tool_workers.contract.names import REPLY_CHANNEL_MARK
 
 log = logging.getLogger("toolfleet.worker")
 
@@ -105,7 +105,7 @@ class ToolfleetRedisBackend(RedisBackend):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         self._store_script: Any = None
         # Celery has no setting for TCP keepalive options: they come with the backend's
-        # transport options (tool_workers.app.celery_config), for TCP connections only.
+        # transport options (tool_workers.contract.broker.celery_config), for TCP connections only.
         options = (self.app.conf.result_backend_transport_options or {}).get(
             "socket_keepalive_options"
         )

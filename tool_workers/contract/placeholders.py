@@ -16,8 +16,8 @@ import re
 from collections.abc import Iterator, Mapping
 from urllib.parse import unquote, urlsplit
 
-from tool_workers.errors import ConfigError
-from tool_workers.settings import Settings
+from tool_workers.contract.errors import ConfigError
+from tool_workers.contract.settings import Settings
 
 PLACEHOLDERS = frozenset(
     {

@@ -21,8 +21,8 @@ from typing import Any
 
 import redis
 
-from tool_workers.protocol import HEARTBEAT, progress_message
-from tool_workers.wire_json import NotJSONError, to_wire
+from tool_workers.contract.models import HEARTBEAT, progress_message
+from tool_workers.contract.wire_json import NotJSONError, to_wire
 
 log = logging.getLogger("toolfleet.worker")
 

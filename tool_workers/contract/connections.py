@@ -2,7 +2,7 @@
 
 Celery and kombu open the broker and result-backend connections from ``broker_url``,
 ``result_backend``, ``broker_use_ssl`` and ``redis_backend_use_ssl``
-(:func:`tool_workers.app.celery_config`). toolfleet also opens a few plain redis-py
+(:func:`tool_workers.contract.broker.celery_config`). toolfleet also opens a few plain redis-py
 clients of its own: the registry publisher and reader, the dispatcher's send markers,
 the result listener's pub/sub. They all come from here, so a ``rediss://`` deployment
 verifies certificates the same way everywhere.
@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import redis
 import redis.asyncio as aioredis
 
-from tool_workers.settings import Settings
+from tool_workers.contract.settings import Settings
 
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 

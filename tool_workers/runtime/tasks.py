@@ -17,24 +17,26 @@ from celery import Celery, Task, states
 from langchain_core.tools import BaseTool
 from pydantic import ValidationError
 
-from tool_workers.backend import ToolfleetRedisBackend, execute_pipeline, reply_channel_of
-from tool_workers.execute import Limits, TransientToolError, run_call
-from tool_workers.fence import START_SCRIPT, Start, parse_start, start_args
-from tool_workers.graph_context import WorkerGraph, injected_args_of
-from tool_workers.progress import ProgressPublisher, publishing
-from tool_workers.protocol import (
+from tool_workers.celery_ext.backend import (
+    ToolfleetRedisBackend,
+    execute_pipeline,
+    reply_channel_of,
+)
+from tool_workers.celery_ext.fence import START_SCRIPT, Start, parse_start, start_args
+from tool_workers.contract.models import (
     PROTOCOL_VERSION,
     ToolRequest,
     ToolResult,
     ToolSpec,
     error_text,
-    revoked_key,
-    run_marker_key,
-    task_name,
 )
-from tool_workers.settings import Settings, ToolPolicies, ToolPolicy
-from tool_workers.signing import refused_request_text, request_problem, sign_result
-from tool_workers.store import store_for
+from tool_workers.contract.names import revoked_key, run_marker_key, task_name
+from tool_workers.contract.settings import Settings, ToolPolicies, ToolPolicy
+from tool_workers.contract.signing import refused_request_text, request_problem, sign_result
+from tool_workers.contract.store import store_for
+from tool_workers.runtime.execute import Limits, TransientToolError, run_call
+from tool_workers.runtime.injection import WorkerGraph, injected_args_of
+from tool_workers.runtime.progress import ProgressPublisher, publishing
 
 log = logging.getLogger("toolfleet.worker")
 
@@ -114,7 +116,7 @@ def _register(app: Celery, tool: BaseTool, settings: Settings, policy: ToolPolic
         acks_late=True,
         reject_on_worker_lost=True,
         # Task events (Flower) carry the result's status, not the result.
-        Request="tool_workers.redaction:ToolCallRequest",
+        Request="tool_workers.celery_ext.redaction:ToolCallRequest",
         # This app's task, with this app's policy: not copied into other apps of the
         # process (Celery would give them the first app's options).
         shared=False,
@@ -258,7 +260,7 @@ def _check_delivery(
     (returns the result to give).
 
     A call cancelled by the orchestrator has a revocation record
-    (:func:`~tool_workers.protocol.revoked_key`); it is answered ``cancelled`` and never
+    (:func:`~tool_workers.contract.revoked_key`); it is answered ``cancelled`` and never
     run. Every start of a call increments a counter. Celery retries raise the attempt number,
     so ``starts - attempt`` is how many times a worker died under this call.
     """

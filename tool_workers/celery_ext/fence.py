@@ -1,7 +1,7 @@
 """The fence of a call: which of its attempts may start it, and which may store its result.
 
-A call whose worker lease lapsed (:mod:`tool_workers.lease`) is handed on: its message goes
-back to the queue while the first attempt may still be running on a worker that is only
+A call whose worker lease lapsed (:mod:`tool_workers.celery_ext.lease`) is handed on: its
+message goes back to the queue while the first attempt may still be running on a worker that is only
 unreachable. Each delivery a worker takes carries its *holding* (the worker's held key
 and the delivery tag, in the in-memory header :data:`HOLDING_HEADER`), and:
 
@@ -10,7 +10,7 @@ and the delivery tag, in the in-memory header :data:`HOLDING_HEADER`), and:
 * the attempt that starts writes its holding token to the call's fence key, in the round
   trip that counts the start;
 * a state is stored only by the attempt named in the fence (the result store's Lua script,
-  :mod:`tool_workers.backend`): the attempt that started last. A worker that comes back
+  :mod:`tool_workers.celery_ext.backend`): the attempt that started last. A worker that comes back
   after the call started elsewhere cannot overwrite that attempt's result; a call that
   finished during a cut stores its result on the heal when no other attempt started it
   meanwhile, and is answered with it.

@@ -19,7 +19,7 @@ the result backend). The differences:
 * **A broker restart or blip** closes the connections, and RabbitMQ gives back every
   unacknowledged call, running ones included (an acknowledgement belongs to the channel
   it was delivered on). A worker handed its own running call again drops the copy
-  (:mod:`tool_workers.consumer`); a copy handed to another worker is a redelivery there.
+  (:mod:`tool_workers.celery_ext.consumer`); a copy handed to another worker is a redelivery there.
 * **Publisher confirms.** A publish returns once RabbitMQ has taken the message
   (kombu's ``confirm_publish``): a call the orchestrator counts as sent is queued.
 * **Queue type.** Classic queues by default; ``TOOLFLEET_AMQP_QUEUE_TYPE=quorum`` for
@@ -37,8 +37,8 @@ from typing import Any
 from celery.app.amqp import AMQP, Queues
 from kombu.entity import Exchange, Queue
 
-from tool_workers.connections import keepalive_options
-from tool_workers.settings import Settings
+from tool_workers.contract.connections import keepalive_options
+from tool_workers.contract.settings import Settings
 
 AMQP_CLASS = f"{__name__}:ToolfleetAMQP"
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from langchain_core.tools import BaseTool
 
-from tool_workers.errors import ToolLoadError
-from tool_workers.settings import Settings
+from tool_workers.contract.errors import ToolLoadError
+from tool_workers.contract.settings import Settings
 
 BUILTIN_MODULE = "tool_workers.builtin"
 

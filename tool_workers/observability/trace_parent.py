@@ -34,7 +34,7 @@ from langchain_core.tracers.langchain import LangChainTracer
 from langsmith import RunTree
 from langsmith import utils as ls_utils
 
-from tool_workers.protocol import TraceContext
+from tool_workers.contract.models import TraceContext
 
 log = logging.getLogger("toolfleet.worker")
 

@@ -27,8 +27,8 @@ from typing import Any
 from celery.app import trace
 from celery.worker.request import Request
 
-from tool_workers import metrics
-from tool_workers.protocol import TASK_PREFIX
+from tool_workers.contract.names import TASK_PREFIX
+from tool_workers.observability import metrics
 
 _STATUS = re.compile(r"'status': '(\w+)'")
 

@@ -1,0 +1,146 @@
+"""The worker's Celery app: ``celery -A tool_workers worker`` finds ``app`` here.
+
+Settings are read once, here, where the worker process starts. The tool modules named
+by ``TOOLFLEET_TOOL_MODULES`` (the built-in toolset when unset) are imported and each
+tool becomes a task ``tools.<name>``. When the worker is ready it publishes the tools it
+serves to the registry and keeps that entry fresh until it shuts down. With
+``TOOLFLEET_METRICS_PORT`` set, its main process serves Prometheus metrics
+(:mod:`tool_workers.observability.metrics`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import Celery, signals
+from celery.concurrency.prefork import TaskPool as PreforkPool
+from pydantic import ValidationError
+
+from tool_workers.builtin.supervisor import make_undumpable
+from tool_workers.celery_ext.event_loop import LimitWatchdog, spare_storing_calls
+from tool_workers.celery_ext.lease import Lease, start_lease, stop_stale_calls
+from tool_workers.celery_ext.redaction import quiet_celery_trace
+from tool_workers.celery_ext.soft_limit import mark, share_phases
+from tool_workers.contract.amqp import plain_queue_name
+from tool_workers.contract.broker import create_app, visibility_timeout
+from tool_workers.contract.connections import redis_client
+from tool_workers.contract.errors import ConfigError, ToolfleetError
+from tool_workers.contract.logs import install_formatters, settings_fields
+from tool_workers.contract.models import ToolSpec
+from tool_workers.contract.placeholders import refuse_placeholders
+from tool_workers.contract.settings import Settings, settings_error
+from tool_workers.observability import metrics, tracing
+from tool_workers.runtime.loader import load_tools
+from tool_workers.runtime.registry import RegistryPublisher, build_entry
+from tool_workers.runtime.tasks import register_tools
+
+log = logging.getLogger("toolfleet.worker")
+
+
+def _start() -> tuple[Settings, Celery, dict[str, ToolSpec]]:
+    """Settings, the app and its tools; a setting or tool module that cannot work ends
+    the process with one line saying why (Celery would bury it under its own traceback
+    of every way it tried to find the app)."""
+    try:
+        settings = Settings()
+        # Flower runs on this app too (celery -A tool_workers flower) and reads its
+        # login from the environment itself.
+        refuse_placeholders(settings, os.environ)
+        policies = settings.policies()
+        app = create_app(settings, policies)
+        specs = register_tools(app, load_tools(settings), settings, policies)
+    except ValidationError as exc:
+        raise SystemExit(f"toolfleet: {settings_error(exc)}") from None
+    except ToolfleetError as exc:
+        raise SystemExit(f"toolfleet: {exc}") from None
+    return settings, app, specs
+
+
+# Before anything else of the worker runs: a process of the worker's user (a run_python
+# snippet) cannot read this process's environment (the broker URL and its password) or
+# memory through /proc, nor ptrace it. Forked pool processes inherit the mark.
+make_undumpable()
+settings, app, specs = _start()
+share_phases()  # before the pool forks: its processes inherit the table
+
+_publisher: RegistryPublisher | None = None
+_watchdog: LimitWatchdog | None = None
+_lease: Lease | None = None
+
+
+@signals.worker_init.connect  # type: ignore[untyped-decorator]  # celery is unannotated
+def _start_metrics(**_: Any) -> None:
+    # The main process, before the pool starts: the pool processes inherit the metrics.
+    try:
+        metrics.start(settings)
+    except ConfigError as exc:
+        # Celery logs and ignores a receiver's Exception (before logging is set up, too):
+        # a worker asked for metrics it cannot serve stops instead.
+        raise SystemExit(f"toolfleet worker: {exc}") from exc
+    # Also before the pool starts: an OpenTelemetry span per call (opentelemetry-api).
+    tracing.start()
+    # Before the consumer takes its first call: every delivery is held under the lease.
+    global _lease
+    _lease = start_lease(
+        settings, visibility_timeout(settings.policies(), settings.redelivery_margin)
+    )
+
+
+@signals.worker_process_init.connect  # type: ignore[untyped-decorator]  # celery is unannotated
+def _harden_pool_process(**_: Any) -> None:
+    # Inherited across fork already; again in case the pool was started another way.
+    make_undumpable()
+
+
+@signals.worker_ready.connect  # type: ignore[untyped-decorator]  # celery is unannotated
+def _publish_registry(sender: Any = None, **_: Any) -> None:
+    global _publisher, _watchdog
+    if isinstance(sender.pool, PreforkPool):
+        # Time limits on time even while a network cut holds up the event loop.
+        spare_storing_calls(sender.pool)
+        _watchdog = LimitWatchdog(sender.pool).start()
+    if _lease is not None:
+        # Executions of calls handed on (and started) elsewhere while this worker was
+        # unreachable are stopped from the consumer loop, where the pool is safe to use.
+        sender.timer.call_repeatedly(
+            settings.lease_refresh, stop_stale_calls, (_lease, sender.pool)
+        )
+    queues = [plain_queue_name(sender.app, name) for name in sender.app.amqp.queues.consume_from]
+    entry = build_entry(sender.hostname, queues, specs.values())
+    client = redis_client(settings.own_redis_url, settings)
+    _publisher = RegistryPublisher(client, settings.key_prefix, entry, settings.registry_refresh)
+    _publisher.start()
+    log.info(
+        "toolfleet worker %s serves %s on queues %s",
+        entry.worker,
+        ", ".join(spec.name for spec in entry.tools) or "no tools",
+        ", ".join(entry.queues),
+    )
+    log.info("toolfleet settings", extra={"toolfleet": settings_fields(settings)})
+
+
+@signals.after_setup_logger.connect  # type: ignore[untyped-decorator]
+@signals.after_setup_task_logger.connect  # type: ignore[untyped-decorator]
+def _format_logs(logger: logging.Logger, **_: Any) -> None:
+    # Celery's handlers, levels and line format stay; TOOLFLEET_LOG_JSON picks JSON lines,
+    # and the per-call fields are rendered either way.
+    install_formatters(logger, settings)
+    quiet_celery_trace()
+
+
+@signals.worker_shutdown.connect  # type: ignore[untyped-decorator]  # celery is unannotated
+def _unpublish_registry(**_: Any) -> None:
+    if _watchdog is not None:
+        _watchdog.stop()
+    if _lease is not None:
+        _lease.stop()
+    if _publisher is not None:
+        _publisher.stop()
+
+
+@signals.task_prerun.connect  # type: ignore[untyped-decorator]  # celery is unannotated
+def _call_starts(**_: Any) -> None:
+    # A new call: its tool has not run yet (the hard limit applies in full again).
+    mark(finished=False)
