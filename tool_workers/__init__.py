@@ -9,6 +9,7 @@ the tool modules named by ``TOOLFLEET_TOOL_MODULES`` and registers one task per 
     contract/       what both sides import: models, names, settings, signing, ...
     runtime/        the worker: tool loading, one task per tool, running a call
     celery_ext/     toolfleet's extensions of Celery, kombu and billiard
+    compat/         other libraries' private names it uses, one module per library
     observability/  metrics and traces
     builtin/        the built-in toolset
     celery.py       ``-A tool_workers`` finds the worker's app here

@@ -6,8 +6,9 @@ does: the run's record goes, and so do the checkpoints whose metadata names the 
 
 The checkpointers this server opens (SQLite, PostgreSQL) do not implement LangGraph's
 ``adelete_for_runs``, so the rows are deleted here, by thread and by the ``run_id`` in
-each checkpoint's metadata (the run's config puts it there). Other checkpointers are
-asked through ``adelete_for_runs``.
+each checkpoint's metadata (the run's config puts it there), on the saver's connection
+and under its lock (its ``conn`` and ``lock`` attributes). Other checkpointers are asked
+through ``adelete_for_runs``.
 """
 
 from __future__ import annotations
@@ -46,8 +47,22 @@ async def _sqlite(saver: Any, thread: str, run_id: str) -> None:
 
 
 async def _postgres(saver: Any, thread: str, run_id: str) -> None:
+    # On the saver's own connection (its pool's, or its one connection) under its lock,
+    # as its own writes go.
+    from psycopg_pool import AsyncConnectionPool
+
+    async with saver.lock:
+        if isinstance(saver.conn, AsyncConnectionPool):
+            async with saver.conn.connection() as conn:
+                await _postgres_delete(conn, thread, run_id)
+        else:
+            await _postgres_delete(saver.conn, thread, run_id)
+
+
+async def _postgres_delete(conn: Any, thread: str, run_id: str) -> None:
     match = "thread_id = %s AND metadata->>'run_id' = %s"
-    async with saver._cursor(pipeline=True) as cur:
+    # One transaction: the run's pending writes and checkpoints go together or not at all.
+    async with conn.transaction(), conn.cursor() as cur:
         await cur.execute(
             "DELETE FROM checkpoint_writes WHERE thread_id = %s AND checkpoint_id IN "
             f"(SELECT checkpoint_id FROM checkpoints WHERE {match})",

@@ -19,14 +19,20 @@ from tool_workers.celery_ext.event_loop import (
 
 @dataclass
 class Job:
+    """A job record as billiard's pool keeps one (the fields it reads)."""
+
     _time_accepted: float | None
     _soft_timeout: float | None
     _worker_pid: int | None
     _timeout: float | None = 60.0
     done: bool = False
+    _job: int = 0
 
     def ready(self) -> bool:
         return self.done
+
+    def worker_pids(self) -> list[int]:
+        return [self._worker_pid] if self._worker_pid else []
 
 
 class Entry:

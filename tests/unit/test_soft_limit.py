@@ -79,8 +79,18 @@ def test_the_event_loops_hard_limit_spares_a_storing_process(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     class Job:
+        """A job record as billiard's pool keeps one (the fields it reads)."""
+
         _job = 1
-        _worker_pid = 4242
+        _time_accepted = 1.0
+        _soft_timeout = None
+        _timeout = 5.0
+
+        def worker_pids(self) -> list[int]:
+            return [4242]
+
+        def ready(self) -> bool:
+            return False
 
     class Pool:
         def __init__(self) -> None:

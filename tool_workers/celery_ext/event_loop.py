@@ -27,9 +27,12 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tool_workers.celery_ext.soft_limit import storing
+from tool_workers.compat import billiard as billiard_compat
+from tool_workers.compat import celery as celery_compat
 
 log = logging.getLogger("toolfleet.worker")
 
@@ -65,9 +68,9 @@ class LimitWatchdog:
     """Signals (soft limit) or kills (hard limit) the pool processes of overdue calls.
 
     Args:
-        pool: Celery's prefork ``TaskPool``. Its billiard pool's ``_cache`` maps each
-            running job to its result, which records when a pool process accepted the
-            job, its soft and hard limits and the pool process's pid.
+        pool: Celery's prefork ``TaskPool``. Its billiard pool keeps each running job's
+            record: when a pool process accepted the job, its soft and hard limits and
+            the pool process's pid (read through :mod:`tool_workers.compat.billiard`).
     """
 
     def __init__(self, pool: Any) -> None:
@@ -98,17 +101,18 @@ class LimitWatchdog:
 
     def check(self, now: float) -> None:
         """Act on every running call past a limit (each signal or kill once)."""
-        pool = self._pool._pool  # read each time: a pool restart replaces it
+        pool = celery_compat.billiard_pool(self._pool)  # each time: a restart replaces it
         if pool is None or _SOFT_SIGNAL is None:
             return
-        jobs = dict(pool._cache)  # one atomic copy; the main thread keeps changing it
-        self._signalled &= set(jobs)
-        self._killed &= set(jobs)
-        for key, job in jobs.items():
-            accepted, pid = job._time_accepted, job._worker_pid
-            if not (accepted and pid) or job.ready():
+        jobs = billiard_compat.running_jobs(pool)
+        keys = {job.key for job in jobs}
+        self._signalled &= keys
+        self._killed &= keys
+        for job in jobs:
+            key, accepted, pid = job.key, job.accepted, job.pid
+            if not (accepted and pid) or job.ready:
                 continue
-            soft, hard = job._soft_timeout, job._timeout
+            soft, hard = job.soft, job.hard
             if hard and key not in self._killed and now - accepted >= hard + HARD_GRACE:
                 if storing(pid):
                     continue  # the tool returned; its result is on its way (soft_limit)
@@ -120,25 +124,16 @@ class LimitWatchdog:
                 log.warning("hard time limit (%gs) exceeded for job %s", hard, key)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                pool.on_hard_timeout(job)
+                celery_compat.hard_limit(pool, job.job)
             elif soft and key not in self._signalled and now - accepted >= soft + SOFT_GRACE:
-                entry = _soft_entry(pool, key)
-                if entry is None:
-                    continue  # the event loop fired it (it now holds the hard limit's)
-                # Taken over from the event loop: its entry would fire a second signal
-                # when it turns again; the hard limit is then this watchdog's too.
+                # Taken over from the event loop: its timer would fire a second signal
+                # when it turns again; the hard limit is then this watchdog's too. No
+                # pending timer: the event loop fired it (it now holds the hard limit's).
+                if not celery_compat.take_soft_timer(pool, key):
+                    continue
                 self._signalled.add(key)
-                entry.cancel()
                 log.warning("soft time limit (%gs) exceeded for job %s", soft, key)
-                pool.on_soft_timeout(job)
-
-
-def _soft_entry(pool: Any, key: Any) -> Any:
-    """The event loop's pending soft-limit timer of job ``key``, or ``None``."""
-    entry = pool._tref_for_id.get(key)
-    if entry is None or entry.canceled:
-        return None
-    return entry if getattr(entry.fun, "__name__", "") == "_on_soft_timeout" else None
+                celery_compat.soft_limit(pool, job.job)
 
 
 _SOFT_SIGNAL = getattr(signal, "SIGUSR1", None)  # no soft limits where it is missing
@@ -151,14 +146,17 @@ def spare_storing_calls(pool: Any) -> None:
     result (a store waiting for a cut link), and the call would reach the model as timed
     out although it finished. Such a process ends by itself when the store succeeds or
     gives up.
+
+    Args:
+        pool: Celery's prefork ``TaskPool``, started.
     """
-    handler = pool._pool.on_hard_timeout
 
-    def on_hard_timeout(job: Any) -> None:
-        if job._worker_pid and storing(job._worker_pid):
+    def spare(record: Any, handler: Callable[[Any], None]) -> None:
+        job = billiard_compat.job_view(record)
+        if job.pid and storing(job.pid):
             log.warning("hard time limit of job %s reached while it stores its result: spared",
-                        job._job)  # fmt: skip
+                        job.key)  # fmt: skip
             return
-        handler(job)
+        handler(record)
 
-    pool._pool.on_hard_timeout = on_hard_timeout
+    celery_compat.intercept_hard_limit(celery_compat.billiard_pool(pool), spare)

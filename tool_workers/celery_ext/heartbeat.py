@@ -13,15 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery.worker import heartbeat
 from celery.worker.consumer import heart
 
+from tool_workers.compat import celery as celery_compat
 
-class OneShotHeart(heartbeat.Heart):  # type: ignore[misc]  # celery is unannotated
+
+class OneShotHeart(celery_compat.Heart):
     """Celery's heartbeat timer, each event sent once (never retried)."""
 
-    def _send(self, event: str, retry: bool = True) -> Any:
-        return super()._send(event, retry=False)
+    def send(self, event: str, retry: bool) -> Any:
+        return super().send(event, retry=False)
 
 
 class Heart(heart.Heart):  # type: ignore[misc]

@@ -27,6 +27,7 @@ from typing import Any
 from celery.app import trace
 from celery.worker.request import Request
 
+from tool_workers.compat import celery as celery_compat
 from tool_workers.contract.names import TASK_PREFIX
 from tool_workers.observability import metrics
 
@@ -62,7 +63,7 @@ class ToolCallRequest(Request):  # type: ignore[misc]
         outcome = None
         if metrics.active() is not None:
             outcome = metrics.failure_outcome(
-                exc_info.exception, self._already_cancelled or self._already_revoked
+                exc_info.exception, celery_compat.ended_by_worker(self)
             )
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
         active = metrics.active()

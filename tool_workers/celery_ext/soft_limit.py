@@ -35,7 +35,8 @@ from types import FrameType
 from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded
-from billiard.pool import soft_timeout_sighandler
+
+from tool_workers.compat import billiard as billiard_compat
 
 log = logging.getLogger("toolfleet.worker")
 
@@ -108,7 +109,7 @@ def _install() -> bool:
     current = signal.getsignal(_SIGNAL)
     if current is _handler:
         return True
-    if current is not soft_timeout_sighandler:
+    if not billiard_compat.is_soft_limit_handler(current):
         return False  # not a prefork pool process: leave the process's signals alone
     signal.signal(_SIGNAL, _handler)
     return True

@@ -37,6 +37,7 @@ from typing import Any
 from celery.app.amqp import AMQP, Queues
 from kombu.entity import Exchange, Queue
 
+from tool_workers.compat import celery as celery_compat
 from tool_workers.contract.connections import keepalive_options
 from tool_workers.contract.settings import Settings
 
@@ -93,14 +94,14 @@ def amqp_config(settings: Settings, hold: float) -> dict[str, Any]:
     return config
 
 
-class NamespacedQueues(Queues):  # type: ignore[misc]  # celery is unannotated
+class NamespacedQueues(celery_compat.Queues):
     """Celery's queue table; each queue as the broker sees it (namespaced names, the
     consumer-timeout argument), kept under its plain name."""
 
     prefix = ""
     arguments: dict[str, Any] = {}
 
-    def _add(self, queue: Any) -> Any:
+    def insert(self, queue: Any) -> Any:
         exchange = queue.exchange
         if exchange is None or not exchange.name:
             exchange = self.default_exchange or Exchange(queue.name)  # type: ignore[no-untyped-call]

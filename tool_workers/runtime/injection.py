@@ -16,12 +16,11 @@ from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
-from langgraph._internal._constants import CONFIG_KEY_RUNTIME
 from langgraph.prebuilt import ToolRuntime
-from langgraph.prebuilt.tool_node import _get_all_injected_args
 from langgraph.runtime import Runtime
 from langgraph.store.base import BaseStore
 
+from tool_workers.compat import langgraph as langgraph_compat
 from tool_workers.contract.models import InjectedArgs, ToolRequest
 from tool_workers.contract.wire_json import from_wire
 
@@ -50,8 +49,8 @@ def injected_args_of(tool: BaseTool) -> InjectedArgs:
     cached = _INJECTED.get(id(tool))
     if cached is not None and cached[0] is tool:
         return cached[1]
-    found = _get_all_injected_args(tool)
-    args = InjectedArgs(state=dict(found.state), store=found.store, runtime=found.runtime)
+    found = langgraph_compat.injected_params(tool)
+    args = InjectedArgs(state=found.state, store=found.store, runtime=found.runtime)
     _INJECTED[id(tool)] = (tool, args)
     return args
 
@@ -66,7 +65,7 @@ def invoke_config(request: ToolRequest, graph: WorkerGraph) -> RunnableConfig:
     context = from_wire(request.injected.context) if request.injected else None
     runtime = Runtime(context=context, store=graph.store, stream_writer=graph.write or _no_write)
     configurable = {k: v for k, v in sent.items() if k in ("thread_id", "run_id", "checkpoint_ns")}
-    config: RunnableConfig = {"configurable": {**configurable, CONFIG_KEY_RUNTIME: runtime}}
+    config: RunnableConfig = {"configurable": langgraph_compat.with_runtime(configurable, runtime)}
     if "tags" in sent:
         config["tags"] = sent["tags"]
     if "metadata" in sent:
@@ -108,7 +107,7 @@ def inject(
     if wanted.runtime:
         args[wanted.runtime] = ToolRuntime(
             state=state,
-            context=config["configurable"][CONFIG_KEY_RUNTIME].context,
+            context=langgraph_compat.runtime_of(config).context,
             config=cast(
                 RunnableConfig,
                 {k: v for k, v in config.items() if k != "configurable"}
