@@ -11,7 +11,7 @@ Example::
 from __future__ import annotations
 
 # The agent side: what an agent author touches.
-from orchestrator.calls import PreparedCall
+from orchestrator.call import PreparedCall
 from orchestrator.deadline import with_deadline
 
 # The transport: the dispatcher seam and the Celery implementation behind it.

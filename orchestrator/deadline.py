@@ -5,8 +5,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from langgraph.prebuilt.tool_node import ToolCallRequest
-
 DEADLINE_KEY = "toolfleet_deadline"
 """``config["configurable"]`` key holding a run's deadline (Unix time)."""
 
@@ -15,7 +13,8 @@ def with_deadline(seconds: float, config: dict[str, Any] | None = None) -> dict[
     """A run config whose tool calls must finish within ``seconds`` from now.
 
     When the deadline passes, the run's in-flight calls are revoked (terminated on prefork
-    workers), calls not yet sent are never sent, and the run raises
+    workers), calls not yet sent are never sent, a call still queued is not run (its
+    message expires then: Celery's ``expires``), and the run raises
     :class:`~tool_workers.contract.errors.RunDeadlineExceeded`.
 
     Example::
@@ -28,15 +27,3 @@ def with_deadline(seconds: float, config: dict[str, Any] | None = None) -> dict[
         DEADLINE_KEY: time.time() + seconds,
     }
     return config
-
-
-def run_deadline(request: ToolCallRequest) -> float | None:
-    """The deadline (Unix time) of the run ``request`` belongs to, if it has one."""
-    config = request.runtime.config if request.runtime is not None else {}
-    value = (config.get("configurable") or {}).get(DEADLINE_KEY)
-    return float(value) if value is not None else None
-
-
-def remaining(deadline: float | None) -> float | None:
-    """Seconds left until ``deadline`` (never negative); ``None`` without a deadline."""
-    return None if deadline is None else max(deadline - time.time(), 0.0)

@@ -19,10 +19,12 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.prebuilt.tool_node import INVALID_TOOL_NAME_ERROR_TEMPLATE
+from langgraph.types import Command
 
-from orchestrator.calls import PreparedCall, answered_ids, messages_of
+from orchestrator.call import PreparedCall, answered_ids, messages_of
 from tool_workers.contract.models import ErrorKind, ToolResult
 from tool_workers.contract.signing import Problem
+from tool_workers.contract.wire_json import from_wire
 
 log = logging.getLogger("toolfleet.orchestrator")
 
@@ -59,6 +61,26 @@ def result_message(call: PreparedCall, result: ToolResult) -> ToolMessage:
             }
         },
     )
+
+
+def command_from(result_command: dict[str, Any], tool: str, call_id: str) -> Command[Any]:
+    """The ``Command`` a remote tool returned, checked as ToolNode checks a local one.
+
+    Raises:
+        ValueError: its update carries no ToolMessage answering this call (ToolNode's rule).
+    """
+    update = from_wire(result_command.get("update"))
+    goto = result_command.get("goto") or ()
+    messages = update.get("messages") if isinstance(update, dict) else None
+    if isinstance(messages, list) and not any(
+        isinstance(m, ToolMessage) and m.tool_call_id == call_id for m in messages
+    ):
+        raise ValueError(
+            f"Expected to have a matching ToolMessage in Command.update for tool '{tool}', "
+            f"got: {messages}. Every tool call (LLM requesting to call a tool) in the "
+            "message history MUST have a corresponding ToolMessage."
+        )
+    return Command(update=update, goto=goto)
 
 
 # -- texts of calls answered here -------------------------------------------------------

@@ -1,19 +1,18 @@
 """The tool-call hook: ``create_agent``'s ``wrap_tool_call`` sends calls to the workers.
 
 The agent loop stays LangChain's. Each ``Send("tools", [call])`` reaches
-:meth:`CeleryToolMiddleware.wrap_tool_call` (or ``awrap_tool_call``), which publishes the
-call as a Celery task, waits for its result and returns the ToolMessage, built here
-with the model's own ``tool_call_id``.
+:meth:`CeleryToolMiddleware.wrap_tool_call` (or ``awrap_tool_call``), which decides
+where the call runs, publishes it as a Celery task, waits for its result and returns
+the ToolMessage, built here with the model's own ``tool_call_id``. The two hooks are
+thin shells over the same decisions (:meth:`CeleryToolMiddleware._route`,
+:meth:`CeleryToolMiddleware._finish`); they differ only in how they wait.
 
-Parallelism:
-
-* sync: LangGraph runs the Send tasks of a superstep in a pool of ``min(32, cpu + 4)``
-  threads, so waiting per call would cap a fan-out at that many calls. The first call
-  of an AIMessage to arrive therefore publishes every pending call of that AIMessage;
-  each Send task then only waits for its own result (task ids are derived from the call,
-  so the later arrivals attach to what was already published).
-* async: every Send task is an asyncio task; calls that arrive in the same loop turn are
-  published together in one batch, and each waits on the shared result listener.
+Parallelism: every Send task of a superstep calls the hook on its own. Async runs make
+each an asyncio task, and the calls of one loop turn are published as one batch. Sync
+runs make each a task of LangGraph's thread pool, whose size is the run config's
+``max_concurrency`` (``min(32, cpu + 4)`` by default): a sync fan-out wider than that
+runs in waves, so pass ``{"max_concurrency": N}`` for wide ones (logged once when a
+fan-out is wider than the pool).
 """
 
 from __future__ import annotations
@@ -21,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+import warnings
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -32,26 +33,21 @@ from langchain_core.tools import BaseTool
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
-from orchestrator.callbacks import aend_tool_run, astart_tool_run, end_tool_run, start_tool_run
-from orchestrator.calllog import log_finished
-from orchestrator.calls import PreparedCall, prepare
-from orchestrator.deadline import remaining, run_deadline
+from orchestrator.call import CallSite, PreparedCall, prepare
 from orchestrator.dispatch.base import Dispatcher
 from orchestrator.dispatch.fleet import dispatcher_for
-from orchestrator.eager import EAGER_MEMORY, EagerFanOut
-from orchestrator.events import ToolCallEvents
-from orchestrator.injection import command_from, injected_for
 from orchestrator.messages import (
     answer_invalid_calls,
+    command_from,
     error_message,
     not_sendable_text,
     result_message,
     unknown_tool_text,
     unserved_text,
 )
+from orchestrator.observe import CallObserver
 from orchestrator.offering import ToolOffer
 from orchestrator.placement import Placement, PlacementRules, describe
-from orchestrator.tracing import dispatch_span, trace_context
 from tool_workers.contract.errors import ResultTimeout, RunDeadlineExceeded
 from tool_workers.contract.models import ToolResult, ToolSpec
 from tool_workers.contract.names import task_id_for
@@ -59,8 +55,15 @@ from tool_workers.contract.wire_json import NotJSONError
 
 log = logging.getLogger("toolfleet.orchestrator")
 
-_POLL = 0.25
+POLL = 0.25
 """Seconds between registry reads while a call waits for a worker serving its tool."""
+
+MEMORY = 4096
+"""Calls answered, remembered to tell an outer middleware's retry of one."""
+
+SYNC_POOL = min(32, (os.cpu_count() or 1) + 4)
+"""The threads LangGraph runs a sync superstep's tasks in when ``max_concurrency`` is
+unset (``ThreadPoolExecutor``'s default size)."""
 
 
 class _Wait:
@@ -73,6 +76,8 @@ Decided = Literal["local"] | ToolMessage | PreparedCall
 """Where a call goes: here, answered in its place, or to the workers."""
 
 Route = Decided | _Wait
+
+Output = ToolMessage | Command[Any]
 
 
 class CeleryToolMiddleware(AgentMiddleware):
@@ -92,7 +97,7 @@ class CeleryToolMiddleware(AgentMiddleware):
         app: Any = None,
         *,
         dispatcher: Dispatcher | None = None,
-        eager_dispatch: bool = True,
+        eager_dispatch: bool | None = None,
         unserved_wait: float | None = None,
         placement: Mapping[str, Placement] | None = None,
         discover: bool = False,
@@ -103,9 +108,9 @@ class CeleryToolMiddleware(AgentMiddleware):
                 omitted.
             dispatcher: Use this dispatcher instead of one for ``app`` (tests, or a
                 custom transport).
-            eager_dispatch: In sync runs, publish every pending call of an AIMessage when
-                the first one arrives (only done when the middleware wrapping tool calls
-                outside this one cannot edit or gate calls; see :mod:`orchestrator.eager`).
+            eager_dispatch: No longer has an effect (each call is published by its own
+                Send task; wide sync fan-outs take ``max_concurrency`` in the run
+                config). Deprecated.
             unserved_wait: Seconds a call waits for a worker serving its tool before it
                 fails (default: ``TOOLFLEET_UNSERVED_WAIT``).
             placement: ``{"tool name": "local" | "remote"}``, overriding where calls run.
@@ -116,8 +121,14 @@ class CeleryToolMiddleware(AgentMiddleware):
                 :mod:`orchestrator.offering`.
         """
         super().__init__()
+        if eager_dispatch is not None:
+            warnings.warn(
+                "eager_dispatch has no effect: each call is published by its own Send task "
+                "(pass max_concurrency in the run config for wide sync fan-outs)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         self._dispatcher = dispatcher if dispatcher is not None else dispatcher_for(app)
-        self.eager_dispatch = eager_dispatch
         settings = self._dispatcher.settings
         self.unserved_wait = settings.unserved_wait if unserved_wait is None else unserved_wait
         self.rules = PlacementRules(placement, configured=self._dispatcher.policies.tools)
@@ -125,7 +136,7 @@ class CeleryToolMiddleware(AgentMiddleware):
         self._retry_of: dict[str, str] = {}
         self._placements_seen: set[frozenset[str]] = set()
         self._offer = ToolOffer(self._dispatcher) if discover else None
-        self._eager = EagerFanOut(self, self._dispatcher, self.rules)
+        self._said_pool = False
 
     @property
     def dispatcher(self) -> Dispatcher:
@@ -181,145 +192,118 @@ class CeleryToolMiddleware(AgentMiddleware):
     # -- the tool hooks: the same decisions, sync and async; they differ in how they wait
 
     def wrap_tool_call(
-        self,
-        request: ToolCallRequest,
-        handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
-    ) -> ToolMessage | Command[Any]:
-        """Run the call on the workers (publishing its pending siblings eagerly) or here."""
-        route = self._route(request, self._dispatcher.served_tools())
-        if isinstance(route, _Wait):
-            for delay in self._waiting_for_worker(request):
-                time.sleep(delay)
-                route = self._route(request, self._dispatcher.served_tools())
-                if not isinstance(route, _Wait):
-                    break
-        route = self._after_waiting(request, route)
+        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Output]
+    ) -> Output:
+        """Run the call on the workers, or here."""
+        site = CallSite.of(request)
+        route = self._route(site, self._dispatcher.served_tools())
+        until = self._wait_until(site)
+        while isinstance(route, _Wait) and time.monotonic() < until:
+            time.sleep(min(POLL, max(until - time.monotonic(), 0.0)))
+            route = self._route(site, self._dispatcher.served_tools())
+        route = self._after_waiting(site, route)
         if route == "local":
             return handler(request)
         if isinstance(route, ToolMessage):
             return route
-        run = start_tool_run(request, route)
-        with dispatch_span(route) as span:
-            route = replace(route, trace=trace_context(run.run_id, run.handlers))
+        self._note_pool(site)
+        dispatcher = self._dispatcher
+        with CallObserver(site, route, dispatcher.timings) as seen:
+            call = seen.call
+            if site.passed():
+                raise _deadline_error(call, before=True)
+            seen.publishing()
+            dispatcher.submit([call], seen.on_state)
+            seen.dispatched()
             try:
-                output = self._run_remote(request, route)
-            except BaseException as exc:
-                run.on_tool_error(exc, tool_call_id=route.call_id)
-                raise
-            span.finished(output)
-        end_tool_run(run, route, output)
+                result = dispatcher.wait(call)
+            except ResultTimeout as exc:
+                dispatcher.cancel([call], terminate=True)
+                seen.cancelled()
+                raise _deadline_error(call, before=False) from exc
+            output = self._finish(call, result)
+            seen.finished(result, output)
         return output
-
-    def _run_remote(
-        self, request: ToolCallRequest, call: PreparedCall
-    ) -> ToolMessage | Command[Any]:
-        events = ToolCallEvents(request)
-        # A traced call's siblings are not published ahead: each carries the trace
-        # context of its own tool run and span, which exist once its Send task runs.
-        if self.eager_dispatch and call.attempt == 0 and call.trace is None:
-            self._eager.publish_siblings(request, call, events)
-            call = self._eager.reconcile(call)
-        events.track([call])
-        deadline = run_deadline(request)
-        if _passed(deadline):
-            self._dispatcher.cancel([call])  # published eagerly by a sibling, maybe
-            raise _deadline_error(call, before=True)
-        self._dispatcher.submit([call], events.on_state)
-        events.dispatched(call)
-        try:
-            result = self._dispatcher.wait(call, remaining(deadline))
-        except ResultTimeout as exc:
-            self._dispatcher.cancel([call], terminate=True)
-            events.cancelled(call)
-            raise _deadline_error(call, before=False) from exc
-        return self._finish(call, result, events)
 
     async def awrap_tool_call(
         self,
         request: ToolCallRequest,
-        handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
-    ) -> ToolMessage | Command[Any]:
-        """Run the call on the workers (batched with this loop turn's calls) or here."""
-        route = self._route(request, await self._dispatcher.served_tools_async())
-        if isinstance(route, _Wait):
-            for delay in self._waiting_for_worker(request):
-                await asyncio.sleep(delay)
-                route = self._route(request, await self._dispatcher.served_tools_async())
-                if not isinstance(route, _Wait):
-                    break
-        route = self._after_waiting(request, route)
+        handler: Callable[[ToolCallRequest], Awaitable[Output]],
+    ) -> Output:
+        """Run the call on the workers (batched with this loop turn's calls), or here."""
+        site = CallSite.of(request)
+        route = self._route(site, await self._dispatcher.served_tools_async())
+        until = self._wait_until(site)
+        while isinstance(route, _Wait) and time.monotonic() < until:
+            await asyncio.sleep(min(POLL, max(until - time.monotonic(), 0.0)))
+            route = self._route(site, await self._dispatcher.served_tools_async())
+        route = self._after_waiting(site, route)
         if route == "local":
             return await handler(request)
         if isinstance(route, ToolMessage):
             return route
-        run = await astart_tool_run(request, route)
-        with dispatch_span(route) as span:
-            # Taken here, in the call's coroutine: the publishing thread has no context.
-            route = replace(route, trace=trace_context(run.run_id, run.handlers))
+        dispatcher = self._dispatcher
+        async with CallObserver(site, route, dispatcher.timings) as seen:
+            call = seen.call
+            if site.passed():
+                raise _deadline_error(call, before=True)
             try:
-                output = await self._arun_remote(request, route)
-            except BaseException as exc:
-                await run.on_tool_error(exc, tool_call_id=route.call_id)
+                seen.publishing()
+                await dispatcher.submit_async(call, seen.on_state)
+                seen.dispatched()
+                result = await dispatcher.wait_async(call)
+            except ResultTimeout as exc:
+                await dispatcher.cancel_async([call], terminate=True)
+                seen.cancelled()
+                raise _deadline_error(call, before=False) from exc
+            except asyncio.CancelledError:
+                # The run was cancelled (or a sibling failed): nothing keeps working for it.
+                seen.cancelled()
+                await dispatcher.cancel_async([call], terminate=True)
                 raise
-            span.finished(output)
-        await aend_tool_run(run, route, output)
+            output = self._finish(call, result)
+            await seen.afinished(result, output)
         return output
 
-    async def _arun_remote(
-        self, request: ToolCallRequest, call: PreparedCall
-    ) -> ToolMessage | Command[Any]:
-        events = ToolCallEvents(request)
-        events.track([call])
-        deadline = run_deadline(request)
-        if _passed(deadline):
-            raise _deadline_error(call, before=True)
-        try:
-            await self._dispatcher.submit_async(call, events.on_state)
-            events.dispatched(call)
-            result = await self._dispatcher.wait_async(call, remaining(deadline))
-        except ResultTimeout as exc:
-            await self._dispatcher.cancel_async([call], terminate=True)
-            events.cancelled(call)
-            raise _deadline_error(call, before=False) from exc
-        except asyncio.CancelledError:
-            # The run was cancelled (or a sibling failed): nothing keeps working for it.
-            events.cancelled(call)
-            await self._dispatcher.cancel_async([call], terminate=True)
-            raise
-        return self._finish(call, result, events)
+    # -- the decisions -------------------------------------------------------------------
 
-    def _route(self, request: ToolCallRequest, served: Mapping[str, ToolSpec]) -> Route:
+    def _route(self, site: CallSite, served: Mapping[str, ToolSpec]) -> Route:
         """Where the call goes, given the tools served now.
 
         :data:`WAIT`: it belongs to the workers, none serves it yet, and it may wait
         (``unserved_wait``, bounded by the run's deadline) for one to appear.
         """
-        name = request.tool_call["name"]
-        placement, _ = self.rules.decide(name, request.tool, served)
+        name = site.name
+        placement, _ = self.rules.decide(name, site.tool, served)
         if placement == "local":
             return "local"
         spec = served.get(name)
         if spec is None:
-            if request.tool is None:  # not a tool of this agent: no worker will bring it
-                log.warning("call %s to unknown tool %s", request.tool_call["id"], name)
+            if site.tool is None:  # not a tool of this agent: no worker will bring it
+                log.warning("call %s to unknown tool %s", site.call_id, name)
                 return error_message(
-                    name, request.tool_call["id"], "unknown_tool", unknown_tool_text(name, served)
+                    name, site.call_id, "unknown_tool", unknown_tool_text(name, served)
                 )
             return WAIT
-        return self._prepare(request, spec)
+        try:
+            call = prepare(site, spec)
+        except NotJSONError as exc:
+            return error_message(name, site.call_id, "context", not_sendable_text(exc))
+        # Called again for a call it already answered: an outer middleware retries it.
+        attempt = self._delivered.get(call.task_id, 0)
+        if attempt:
+            retry_id = task_id_for(f"{call.task_id}\x1fretry:{attempt}")
+            self._retry_of[retry_id] = call.task_id
+            call = replace(call, task_id=retry_id, attempt=attempt)
+        return call
 
-    def _waiting_for_worker(self, request: ToolCallRequest) -> Iterator[float]:
-        """The sleeps of a call waiting for a worker: ``unserved_wait`` at most, never
-        past the run's deadline."""
-        budget = self.unserved_wait
-        deadline = run_deadline(request)
-        if deadline is not None:
-            budget = min(budget, max(deadline - time.time(), 0.0))
-        until = time.monotonic() + budget
-        while (left := until - time.monotonic()) > 0:
-            yield min(_POLL, left)
+    def _wait_until(self, site: CallSite) -> float:
+        """Until when (monotonic) an unserved call may wait for a worker: ``unserved_wait``
+        at most, never past the run's deadline."""
+        until = time.monotonic() + self.unserved_wait
+        return until if site.deadline is None else min(until, site.deadline)
 
-    def _after_waiting(self, request: ToolCallRequest, route: Route) -> Decided:
+    def _after_waiting(self, site: CallSite, route: Route) -> Decided:
         """A call still unserved after its wait: the run's deadline, or an error answer.
 
         Raises:
@@ -327,47 +311,39 @@ class CeleryToolMiddleware(AgentMiddleware):
         """
         if not isinstance(route, _Wait):
             return route
-        name = request.tool_call["name"]
-        if _passed(run_deadline(request)):
-            raise RunDeadlineExceeded(f"run deadline passed before a worker served {name}")
-        log.warning("call %s to %s not dispatched: unserved", request.tool_call["id"], name)
+        if site.passed():
+            raise RunDeadlineExceeded(f"run deadline passed before a worker served {site.name}")
+        log.warning("call %s to %s not dispatched: unserved", site.call_id, site.name)
         return error_message(
-            name, request.tool_call["id"], "unserved", unserved_text(name, self.unserved_wait)
+            site.name, site.call_id, "unserved", unserved_text(site.name, self.unserved_wait)
         )
 
-    def _prepare(self, request: ToolCallRequest, spec: ToolSpec) -> PreparedCall | ToolMessage:
-        """The call on the wire, with its graph context; an error message if that fails."""
-        try:
-            injected = injected_for(spec, request)
-        except NotJSONError as exc:
-            return error_message(
-                request.tool_call["name"],
-                request.tool_call["id"],
-                "context",
-                not_sendable_text(exc),
-            )
-        call = prepare(request, spec)
-        # Called again for a call it already answered: an outer middleware retries it.
-        attempt = self._delivered.get(call.task_id, 0)
-        if attempt:
-            retry_id = task_id_for(f"{call.task_id}\x1fretry:{attempt}")
-            self._retry_of[retry_id] = call.task_id
-            call = replace(call, task_id=retry_id)
-        return replace(call, injected=injected, attempt=attempt)
-
-    def _finish(
-        self, call: PreparedCall, result: ToolResult, events: ToolCallEvents
-    ) -> ToolMessage | Command[Any]:
-        events.finished(call, result)
-        log_finished(call, result)
+    def _finish(self, call: PreparedCall, result: ToolResult) -> Output:
+        """The call's output: its ToolMessage, or the Command the tool returned."""
         key = self._retry_of.pop(call.task_id, call.task_id)
         self._delivered[key] = self._delivered.get(key, 0) + 1
         self._delivered.move_to_end(key)
-        while len(self._delivered) > EAGER_MEMORY:
+        while len(self._delivered) > MEMORY:
             self._delivered.popitem(last=False)
         if result.command is not None:
             return command_from(result.command, call.tool, call.call_id)
         return result_message(call, result)
+
+    def _note_pool(self, site: CallSite) -> None:
+        """Say once when a sync fan-out is wider than LangGraph's pool runs at a time."""
+        if self._said_pool or site.fan_out <= 1:
+            return
+        pool = site.config.get("max_concurrency") or SYNC_POOL
+        if site.fan_out > pool:
+            self._said_pool = True
+            log.warning(
+                "a sync fan-out of %d tool calls runs at most %d at a time (LangGraph's "
+                "thread pool); pass {'max_concurrency': %d} in the run config to send them "
+                "all at once",
+                site.fan_out,
+                pool,
+                site.fan_out,
+            )
 
     @hook_config(can_jump_to=["model"])
     def after_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
@@ -382,12 +358,6 @@ class CeleryToolMiddleware(AgentMiddleware):
     async def aafter_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
         """Async flavour of :meth:`after_model`."""
         return self.after_model(state, runtime)
-
-    # -- helpers --------------------------------------------------------------------------
-
-
-def _passed(deadline: float | None) -> bool:
-    return deadline is not None and deadline <= time.time()
 
 
 def _deadline_error(call: PreparedCall, *, before: bool) -> RunDeadlineExceeded:

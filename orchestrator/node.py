@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ class RemoteToolNode(ToolNode):
         app: Celery | None = None,
         *,
         dispatcher: Dispatcher | None = None,
-        eager_dispatch: bool = True,
+        eager_dispatch: bool | None = None,
         **kwargs: Any,
     ) -> None:
         """
@@ -35,13 +36,19 @@ class RemoteToolNode(ToolNode):
                 :func:`~orchestrator.discover_tools` gives schema-only ones).
             app: Celery app to publish with; built from settings if omitted.
             dispatcher: Use this dispatcher instead of one for ``app``.
-            eager_dispatch: See :class:`~orchestrator.CeleryToolMiddleware`.
+            eager_dispatch: Deprecated, no effect (see
+                :class:`~orchestrator.CeleryToolMiddleware`).
             **kwargs: Passed to ``ToolNode`` (``name``, ``tags``, ``handle_tool_errors``,
                 ``messages_key``).
         """
-        self.middleware = CeleryToolMiddleware(
-            app, dispatcher=dispatcher, eager_dispatch=eager_dispatch
-        )
+        if eager_dispatch is not None:
+            warnings.warn(
+                "eager_dispatch has no effect (pass max_concurrency in the run config for "
+                "wide sync fan-outs)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        self.middleware = CeleryToolMiddleware(app, dispatcher=dispatcher)
         super().__init__(
             tools,
             wrap_tool_call=self.middleware.wrap_tool_call,

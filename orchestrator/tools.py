@@ -13,7 +13,7 @@ from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackMan
 from langchain_core.tools import BaseTool, ToolException
 from pydantic import ConfigDict, Field
 
-from orchestrator.calls import PreparedCall
+from orchestrator.call import PreparedCall
 from orchestrator.dispatch.base import Dispatcher
 from orchestrator.dispatch.fleet import dispatcher_for
 from orchestrator.tracing import dispatch_span, trace_context

@@ -5,7 +5,7 @@ call is made (in the Send task's thread, or in its coroutine: an async call is p
 from another thread, which holds no context of the caller's):
 
 - LangSmith: ``langsmith-trace`` and ``baggage`` of the call's own tool run, the one
-  :mod:`orchestrator.callbacks` reports (``RunTree.to_headers()`` of the run the
+  :mod:`orchestrator.observe` reports (``RunTree.to_headers()`` of the run the
   ``LangChainTracer`` among the run's handlers keeps for it). On the worker the tool's
   body runs as that run (see :mod:`tool_workers.observability.trace_parent`), so what it
   traces nests under it.
@@ -42,7 +42,7 @@ from langchain_core.callbacks.base import BaseCallbackHandler
 from langchain_core.messages import ToolMessage
 from pydantic import ValidationError
 
-from orchestrator.calls import PreparedCall
+from orchestrator.call import PreparedCall
 from tool_workers.contract.errors import RunDeadlineExceeded
 from tool_workers.contract.models import ToolResult, TraceContext, span_attributes
 

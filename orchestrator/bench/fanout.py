@@ -31,8 +31,8 @@ from orchestrator.bench.agents import (
     one_turn_model,
 )
 from orchestrator.bench.measure import summarise
-from orchestrator.calls import PreparedCall
-from orchestrator.dispatch.celery import CeleryDispatcher
+from orchestrator.call import PreparedCall
+from orchestrator.dispatch.dispatcher import CeleryDispatcher
 from tool_workers.contract.names import task_id_for
 
 FANOUT_MODES = ("sync", "async")

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from orchestrator.bench.measure import cpu_seconds
-from orchestrator.dispatch.celery import CeleryDispatcher
+from orchestrator.dispatch.dispatcher import CeleryDispatcher
 from orchestrator.dispatch.fleet import close_all, dispatcher_for
 from orchestrator.local import EmbeddedRedis, WorkerProcess, delete_keys
 from tool_workers.contract.settings import Settings

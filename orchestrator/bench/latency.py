@@ -47,7 +47,7 @@ from orchestrator.bench.agents import (
     one_turn_model,
 )
 from orchestrator.bench.measure import added_latency, summarise
-from orchestrator.dispatch.celery import CeleryDispatcher
+from orchestrator.dispatch.dispatcher import CeleryDispatcher
 from tool_workers.contract.models import ToolRequest
 
 MODES = (

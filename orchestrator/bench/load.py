@@ -30,7 +30,7 @@ from orchestrator.bench.agents import (
 from orchestrator.bench.fleet import BenchFleet
 from orchestrator.bench.latency import celery_round_trip
 from orchestrator.bench.measure import summarise
-from orchestrator.dispatch.celery import CeleryDispatcher
+from orchestrator.dispatch.dispatcher import CeleryDispatcher
 from tool_workers.contract.settings import Settings
 
 ECHO = ("echo", {"text": "hi"})

@@ -22,8 +22,7 @@ from typing import Any
 from orchestrator.bench.agents import PAYLOAD, RUN_CONFIG, Runner, check_results, fleet_agent
 from orchestrator.bench.agents import one_turn_model as model_for
 from orchestrator.bench.measure import rss_bytes
-from orchestrator.dispatch.celery import CeleryDispatcher
-from orchestrator.dispatch.listener import IDLE_CHANNEL
+from orchestrator.dispatch.dispatcher import CeleryDispatcher
 
 
 def _measure_one(
@@ -97,8 +96,7 @@ def leaks(dispatchers: Iterable[CeleryDispatcher], settle: float = 5.0) -> dict[
             "in_flight": sum(d.in_flight() for d in dispatchers),
             "pending": sum(d.listener.pending() for d in dispatchers),
             "subscriptions": sum(
-                len(set(d.listener.subscribed) - {IDLE_CHANNEL, d.listener.reply_channel})
-                for d in dispatchers
+                len(set(d.listener.subscribed) - {d.listener.reply_channel}) for d in dispatchers
             ),
         }
         if not any(counts.values()) or time.monotonic() > deadline:

@@ -3,12 +3,16 @@
 ::
 
     base.py        Dispatcher, the complete interface the agent side uses
-    celery.py      CeleryDispatcher: Celery tasks out, the result backend's pub/sub in
-    publish.py     Publisher: claim (SET NX) and publish each call at most once
-    listener.py    ResultListener: one pub/sub connection per process, futures per call
+    dispatcher.py  CeleryDispatcher: Celery tasks out, results back on a reply channel
+    envelope.py    a call's task message, as Celery's own client would publish it
+    publish.py     Publisher: each call published at most once, batched, sync or async
+    waiting.py     Waiting: the decisions of a wait for a result, sync and async
+    listener.py    ResultListener: one pub/sub connection, futures per call
     watch.py       WatchTable: what the listener keeps per watched call
     outcome.py     result_from_meta: a Celery meta as a ToolResult
     registry.py    RegistryView: the tools the live workers serve
+    loop_redis.py  LoopClients: a redis.asyncio client per event loop
+    timings.py     CallTimings: dispatch-to-start and result wait, per tool
     fleet.py       dispatcher_for: one dispatcher per process and deployment
     in_process.py  InProcessDispatcher: the worker's code in threads, for fast tests
 """
@@ -16,7 +20,7 @@
 from __future__ import annotations
 
 from orchestrator.dispatch.base import Dispatcher, PlacementTable
-from orchestrator.dispatch.celery import CeleryDispatcher
+from orchestrator.dispatch.dispatcher import CeleryDispatcher
 from orchestrator.dispatch.fleet import close_all, dispatcher_for
 from orchestrator.dispatch.in_process import InProcessDispatcher
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from orchestrator.calls import PreparedCall
+from orchestrator.call import PreparedCall
+from orchestrator.dispatch.timings import CallTimings
 from orchestrator.dispatch.watch import StateCallback
 from tool_workers.contract.models import ToolResult, ToolSpec
 from tool_workers.contract.settings import Settings, ToolPolicies
@@ -33,6 +34,11 @@ class Dispatcher(Protocol):
     @property
     def policies(self) -> ToolPolicies:
         """The tool policy, read once when the dispatcher was made (never on a loop)."""
+        ...
+
+    @property
+    def timings(self) -> CallTimings | None:
+        """The timings its calls report to (``toolfleet serve``'s ``/metrics``), if any."""
         ...
 
     # -- the registry ----------------------------------------------------------------------
@@ -71,17 +77,13 @@ class Dispatcher(Protocol):
         """
         ...
 
-    def submitted(self, task_id: str) -> PreparedCall | None:
-        """The call published under ``task_id`` that this process still waits on."""
-        ...
-
     # -- waiting ---------------------------------------------------------------------------
 
     def wait(self, call: PreparedCall, timeout: float | None = None) -> ToolResult:
         """Block until ``call``'s result is in (submitting it first if needed).
 
         Raises:
-            ResultTimeout: no result within ``timeout`` seconds.
+            ResultTimeout: no result by the call's deadline or within ``timeout`` seconds.
         """
         ...
 
@@ -89,7 +91,7 @@ class Dispatcher(Protocol):
         """Await ``call``'s result without blocking the event loop.
 
         Raises:
-            ResultTimeout: no result within ``timeout`` seconds.
+            ResultTimeout: no result by the call's deadline or within ``timeout`` seconds.
         """
         ...
 

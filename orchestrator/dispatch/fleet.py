@@ -7,8 +7,8 @@ from typing import Any
 
 from celery import Celery
 
-from orchestrator.dispatch.celery import CeleryDispatcher
-from tool_workers.contract.broker import backend_url_of, create_app
+from orchestrator.dispatch.dispatcher import CeleryDispatcher
+from tool_workers.contract.broker import backend_url_of
 from tool_workers.contract.settings import Settings
 
 _lock = threading.Lock()
@@ -33,10 +33,7 @@ def dispatcher_for(app: Celery | None = None, settings: Settings | None = None) 
     with _lock:
         dispatcher = _dispatchers.get(key)
         if dispatcher is None or (app is not None and dispatcher.app is not app):
-            if app is None:
-                dispatcher = CeleryDispatcher(create_app(settings), settings, owns_app=True)
-            else:
-                dispatcher = CeleryDispatcher(app, settings)
+            dispatcher = CeleryDispatcher(app, settings)
             _dispatchers[key] = dispatcher
         return dispatcher
 

@@ -4,8 +4,8 @@ The one module of the orchestrator that imports the worker's execution code
 (:mod:`tool_workers.runtime.execute`, :mod:`tool_workers.runtime.tasks`): it *is* a
 worker, in-process.
 
-For fast tests of agents (and of toolfleet itself): the same middleware, the same
-eager dispatch and the same results as with real workers, without Redis. Each call
+For fast tests of agents (and of toolfleet itself): the same middleware and
+the same results as with real workers, without Redis. Each call
 still runs at most once per task id, as with the Celery dispatcher.
 """
 
@@ -14,13 +14,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from langchain_core.tools import BaseTool
 
-from orchestrator.calls import PreparedCall
+from orchestrator.call import PreparedCall
 from orchestrator.dispatch.base import PlacementTable
+from orchestrator.dispatch.timings import CallTimings
+from orchestrator.dispatch.waiting import deadline_of
 from orchestrator.dispatch.watch import StateCallback
 from orchestrator.messages import not_served_there_text
 from tool_workers.contract.errors import ResultTimeout
@@ -38,6 +41,9 @@ class InProcessDispatcher:
         policies: Per-tool policy (queues and limits shown in the specs).
         max_workers: Threads running tools concurrently.
     """
+
+    timings: CallTimings | None = None
+    """Calls run here report no timings."""
 
     def __init__(
         self,
@@ -102,11 +108,6 @@ class InProcessDispatcher:
         """Start ``call`` (async flavour of :meth:`submit`)."""
         self.submit([call], on_state)
 
-    def submitted(self, task_id: str) -> PreparedCall | None:
-        """The call started under ``task_id``, if any."""
-        with self._lock:
-            return self._calls.get(task_id)
-
     def _run(self, call: PreparedCall) -> ToolResult:
         with self._lock:
             if call.task_id in self._revoked:
@@ -128,7 +129,7 @@ class InProcessDispatcher:
             ResultTimeout: not done within ``timeout`` seconds.
         """
         try:
-            return self._future(call).result(timeout)
+            return self._future(call).result(_left(call, timeout))
         except concurrent.futures.TimeoutError as exc:
             raise ResultTimeout(f"no result for {call.tool} call {call.call_id}") from exc
 
@@ -139,7 +140,9 @@ class InProcessDispatcher:
             ResultTimeout: not done within ``timeout`` seconds.
         """
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(self._future(call)), timeout)
+            return await asyncio.wait_for(
+                asyncio.wrap_future(self._future(call)), _left(call, timeout)
+            )
         except TimeoutError as exc:
             raise ResultTimeout(f"no result for {call.tool} call {call.call_id}") from exc
 
@@ -170,6 +173,12 @@ class InProcessDispatcher:
     def close(self) -> None:
         """Stop the thread pool."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _left(call: PreparedCall, timeout: float | None) -> float | None:
+    """Seconds until the call's deadline or ``timeout``, whichever is first."""
+    deadline = deadline_of(call, timeout)
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
 
 
 def _cancelled(call: PreparedCall) -> ToolResult:

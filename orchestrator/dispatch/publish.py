@@ -1,308 +1,617 @@
-"""Publish tool calls onto the broker at most once each.
+"""Publish tool calls onto the broker, each at most once: one path, sync and async.
 
-A call is claimed with ``SET <prefix>sent:<task id> pending:<token> NX`` before it is
-published and the marker becomes ``sent`` once the broker has the message. Whoever fails
-to claim a call attaches to it instead of publishing it again: another Send task of the
-same fan-out, another orchestrator process, or this one resuming after a crash. A process
-that dies between claiming and publishing leaves a ``pending`` marker that expires after
-:data:`PENDING_MARKER_TTL`, after which a waiter claims and publishes the call itself.
+A call is published under its marker (:mod:`tool_workers.contract.marker`). Whoever
+finds the marker set attaches to the call instead of publishing it again: another
+process, or this one resuming after a crash. A call whose result is already stored is
+not published either.
 
-Redis may act on a write whose reply never arrives (a link cut one way, a timeout just
-after the server acted), so both writes around a publication are judged by what they
-left in Redis, not by their reply:
+**Batches.** Calls that arrive together go out together: a sync caller that finds no
+publication in progress publishes everything waiting, its own calls and those that
+arrive while it publishes (the others wait for theirs); async calls join their loop's
+batch, published one loop turn later, so the Send tasks of one superstep share it.
 
-* a claim retried after a lost reply finds markers holding its own token: those calls
-  are its own, published now (not attached to, which would leave them unpublished
-  until the markers expired);
-* once the broker has the messages, the calls run, so a failure to mark them ``sent``
-  does not fail the publication (the caller would stop waiting on calls that run): the
-  marking is retried, and until it succeeds :meth:`Publisher.abandoned` knows the calls
-  were published here.
+**Redis broker** (markers on the broker's own server): one script per batch sets each
+call's marker (``SET NX``), checks that no result is stored, and pushes its message
+onto the queue's list: a call is marked exactly when its message is queued, so no
+half-published state exists. Retried while Redis does not answer (10 s): a call the
+lost attempt published carries this publisher's token and counts as published.
 
-When the markers live on the broker's own Redis (the result backend is the broker), the
-claim and the publication are one script: each call's marker is set to ``sent`` and its
-message pushed in the same round trip, atomically, so no ``pending`` marker is ever left
-behind. The messages are built by kombu as usual (a producer batch that records the
-commands instead of sending them: :mod:`orchestrator.dispatch.outbox`). Once a queue had
-a message built, building the next ones is CPU only, so an async caller's publication
-runs on its event loop: built there, and the script awaited through the loop's own
-``redis.asyncio`` client (:meth:`Publisher.publish_async`).
+**RabbitMQ** (markers in Redis, messages elsewhere): the calls are claimed (marker
+``pending``), published through a kombu producer with publisher confirms, then marked
+published. A publisher that dies in between leaves a ``pending`` marker that expires
+after :data:`PENDING_MARKER_TTL`; a waiter then claims and publishes the call itself.
+
+Sync callers do their I/O in their own thread; async callers on their event loop,
+through that loop's own ``redis.asyncio`` client, except for RabbitMQ's producer, which
+blocks and runs in the dispatcher's I/O threads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import enum
+import functools
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from celery import Celery
 
-from orchestrator.calls import PreparedCall
-from orchestrator.dispatch.outbox import Busy, Outbox
-from tool_workers.celery_ext.transport import Captured
-from tool_workers.contract.names import call_marker_key
+from orchestrator.call import PreparedCall
+from orchestrator.dispatch.envelope import (
+    TaskMessage,
+    after_publish,
+    before_publish,
+    redis_envelope,
+    task_message,
+)
+from orchestrator.dispatch.loop_redis import LoopClients
+from orchestrator.tracing import publishing
+from tool_workers.contract.errors import DispatchError
+from tool_workers.contract.marker import LUA_READ, marker_key
 from tool_workers.contract.settings import Settings
 
 log = logging.getLogger("toolfleet.dispatch")
 
 PENDING_MARKER_TTL = 60
-"""Seconds a claim lives before its publication is confirmed."""
+"""Seconds a RabbitMQ claim lives before its publication is confirmed."""
 
-CLAIM_RETRY_SECONDS = 10.0
-"""How long claiming retries while Redis is unreachable (a restart) before giving up."""
+RETRY_SECONDS = 10.0
+"""How long a publication retries while Redis is unreachable before it fails."""
 
-MARK_RETRY_SECONDS = 10.0
-"""How long marking published calls ``sent`` retries before it is left to the waiters."""
 
-_CLAIM_AND_PUSH = """
-local k, a, out = 1, 3, {}
-while k <= #KEYS do
-    local claimed = redis.call('SET', KEYS[k], ARGV[2], 'NX', 'EX', ARGV[1])
-    local n = tonumber(ARGV[a])
-    k, a = k + 1, a + 1
-    for _ = 1, n do
-        if claimed then
-            redis.call(ARGV[a], KEYS[k], ARGV[a + 1])
+class Outcome(enum.Enum):
+    """What became of one call of a publication."""
+
+    PUBLISHED = "published"
+    """Its message is on the queue, sent by this publisher (now or by a lost earlier try)."""
+    ATTACHED = "attached"
+    """Someone else published it (another process, an earlier run): wait for theirs."""
+    STORED = "stored"
+    """Its result is stored already: nothing was sent."""
+
+
+_PUSH = (
+    LUA_READ
+    + """
+-- KEYS: per call its marker, its result key, its queue's list.
+-- ARGV: marker lifetime, marker value, publisher token, then per call its message.
+-- Per call: 1 published, 2 result stored, 0 someone else's, 3 ours (an earlier try).
+local out = {}
+for i = 1, #ARGV - 3 do
+    local m, r, q = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+    if redis.call('SET', m, ARGV[2], 'NX', 'EX', ARGV[1]) then
+        if redis.call('EXISTS', r) == 1 then
+            out[i] = 2
+        else
+            redis.call('LPUSH', q, ARGV[i + 3])
+            out[i] = 1
         end
-        k, a = k + 1, a + 2
+    else
+        local marker = read_marker(m)
+        out[i] = (marker and marker['t'] == ARGV[3]) and 3 or 0
     end
-    out[#out + 1] = claimed and 1 or 0
 end
 return out
 """
-"""Per call: ``SET marker sent NX EX``; only if that claimed it, its publish commands.
+)
 
-KEYS: per call its marker, then the key of each of its commands. ARGV: the marker's
-lifetime and value, then per call its number of commands and each command's name and
-value. Returns 1 (claimed and published) or 0 (someone else's) per call."""
+_CLAIM = (
+    LUA_READ
+    + """
+-- KEYS: per call its marker, its result key. ARGV: claim lifetime, claim value, token.
+-- Per call: 1 claimed, 2 result stored, 0 someone else's, 3 ours (an earlier try).
+local out = {}
+for i = 1, #KEYS / 2 do
+    local m, r = KEYS[2 * i - 1], KEYS[2 * i]
+    if redis.call('SET', m, ARGV[2], 'NX', 'EX', ARGV[1]) then
+        if redis.call('EXISTS', r) == 1 then
+            redis.call('DEL', m)
+            out[i] = 2
+        else
+            out[i] = 1
+        end
+    else
+        local marker = read_marker(m)
+        out[i] = (marker and marker['t'] == ARGV[3]) and 3 or 0
+    end
+end
+return out
+"""
+)
+
+_MARK_SENT = (
+    LUA_READ
+    + """
+-- KEYS: markers. ARGV: lifetime, token. A claim of ours becomes published (a worker
+-- that started the call meanwhile wrote its own fields: those stay).
+for _, m in ipairs(KEYS) do
+    local marker = read_marker(m)
+    if marker and marker['t'] == ARGV[2] and marker['p'] then
+        marker['p'] = nil
+        redis.call('SET', m, cjson.encode(marker), 'EX', ARGV[1])
+    end
+end
+return 1
+"""
+)
+
+_RELEASE = (
+    LUA_READ
+    + """
+-- KEYS: markers. ARGV: token. Claims of ours whose publication failed are dropped.
+for _, m in ipairs(KEYS) do
+    local marker = read_marker(m)
+    if marker and marker['t'] == ARGV[1] and marker['p'] then
+        redis.call('DEL', m)
+    end
+end
+return 1
+"""
+)
+
+_REVOKE = (
+    LUA_READ
+    + """
+-- KEYS: markers. ARGV: lifetime for a marker that is gone. Each call is recorded
+-- cancelled, its other fields kept.
+for _, m in ipairs(KEYS) do
+    local marker = read_marker(m) or {}
+    marker['r'] = 1
+    local ttl = redis.call('TTL', m)
+    if ttl < 1 then ttl = tonumber(ARGV[1]) end
+    redis.call('SET', m, cjson.encode(marker), 'EX', ttl)
+end
+return 1
+"""
+)
 
 
-_EMPTY = Captured("")
+@dataclass(eq=False)
+class _Slot:
+    """One call waiting in a sync batch."""
+
+    call: PreparedCall
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: Outcome | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class _LoopBatch:
+    """The calls of one event loop's next publication."""
+
+    done: asyncio.Future[None]
+    calls: list[PreparedCall] = field(default_factory=list)
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    ends: list[concurrent.futures.Future[Outcome]] = field(default_factory=list)
+    """Each call's publication, set when the batch ends (whoever still waits)."""
 
 
 class Publisher:
-    """Claims and publishes calls through one Celery app and one Redis client."""
+    """Publishes calls for one dispatcher (thread-safe; any number of event loops).
+
+    Args:
+        settings: The fleet's settings (key prefix, signing key, result expiry).
+        client: A Redis client of the markers' server (the result backend).
+        loop_clients: That server's ``redis.asyncio`` client of each event loop.
+        reply_to: The channel the workers report this process's calls on.
+        result_key: Maps a task id to its result key (Celery's naming).
+        broker: RabbitMQ's side: ``None`` on a Redis broker.
+        queue_key: The Redis list a queue's messages go on (the broker's key prefix).
+        default_queue: The queue of a call that names none.
+    """
 
     def __init__(
-        self, app: Celery, settings: Settings, client: redis.Redis, reply_to: str | None = None
+        self,
+        settings: Settings,
+        client: redis.Redis,
+        loop_clients: LoopClients,
+        reply_to: str,
+        result_key: Callable[[str], str],
+        queue_key: Callable[[str], str],
+        default_queue: str,
+        broker: AmqpBroker | None = None,
     ) -> None:
-        self.app = app
+        self._settings = settings
         self._client = client
-        self._prefix = settings.key_prefix
-        self._expires = settings.result_expires
-        self.outbox = Outbox(app, settings, reply_to or app.thread_oid)
+        self._loop_clients = loop_clients
+        self.reply_to = reply_to
+        self._result_key = result_key
+        self._queue_key = queue_key
+        self._default_queue = default_queue
+        self._broker = broker
+        self._token = uuid.uuid4().hex
+        self._marker_value = f'{{"t":"{self._token}"}}'
+        self._pending_value = f'{{"t":"{self._token}","p":1}}'
         self._lock = threading.Lock()
         self._unmarked: set[str] = set()
-        """Task ids published here whose ``sent`` marker is not written yet."""
-        scheme = settings.broker_url.partition("://")[0]
-        self._one_trip = settings.backend_url == settings.broker_url and scheme in (
-            "redis",
-            "rediss",
-        )
-        self._claim_and_push: Any = None
-        self._claim_and_push_async: Any = None
+        """RabbitMQ: calls published here whose marker still says ``pending``."""
+        self._waiting: list[_Slot] = []
+        self._leading = False
+        self._batches: dict[asyncio.AbstractEventLoop, _LoopBatch] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._push = client.register_script(_PUSH)
+        self._claim = client.register_script(_CLAIM)
+        self._mark_sent = client.register_script(_MARK_SENT)
+        self._release = client.register_script(_RELEASE)
+        self._revoke = client.register_script(_REVOKE)
 
-    def publish(self, calls: Sequence[PreparedCall]) -> list[PreparedCall]:
-        """Publish every call nobody has claimed yet; returns the others (attached to).
+    # -- sync --------------------------------------------------------------------------
+
+    def publish(self, calls: Sequence[PreparedCall]) -> dict[str, Outcome]:
+        """Publish the calls (with whatever else is waiting); blocks until they are out.
 
         Raises:
-            redis.RedisError, kombu's OperationalError: the broker refused the messages
-                (the claims are released, so a later attempt can publish them).
+            DispatchError: the broker or Redis refused them (nothing of them is queued).
         """
-        if self._one_trip:
-            published = self._publish_in_one_trip(calls)
-            if published is not None:
-                return published
-        mine = self._claim(calls, f"pending:{uuid.uuid4().hex}")
-        if len(mine) < len(calls):
-            log.info("%d call(s) already dispatched; attaching", len(calls) - len(mine))
-        claimed = {c.task_id for c in mine}
-        attached = [c for c in calls if c.task_id not in claimed]
-        if not mine:
-            return attached
-        try:
-            self.outbox.send(mine)
-        except Exception:
-            self._release(mine)
-            raise
-        self._mark_sent(mine, MARK_RETRY_SECONDS)
-        return attached
+        slots = [_Slot(call) for call in calls]
+        with self._lock:
+            self._waiting.extend(slots)
+            lead = not self._leading
+            self._leading = True
+        if lead:
+            self._lead()
+        for slot in slots:
+            slot.done.wait()
+        for slot in slots:
+            if slot.error is not None:
+                raise _dispatch_error(slot.error, len(slots))
+        return {slot.call.task_id: slot.outcome for slot in slots if slot.outcome is not None}
 
-    def _publish_in_one_trip(self, calls: Sequence[PreparedCall]) -> list[PreparedCall] | None:
-        """Claim and publish every call in one script; the attached ones, or ``None``
-        when this broker's channel cannot hand its commands over."""
-        script = self._script_args(calls)
-        if script is None:
-            return None  # nothing was sent: the claim-then-publish path sends them
-        keys, args = script
-        if self._claim_and_push is None:
-            self._claim_and_push = self._client.register_script(_CLAIM_AND_PUSH)
-        backoff = Backoff(CLAIM_RETRY_SECONDS)
+    def _lead(self) -> None:
+        """Publish every waiting call, batch after batch, until none waits."""
         while True:
+            with self._lock:
+                batch, self._waiting = self._waiting, []
+                if not batch:
+                    self._leading = False
+                    return
             try:
-                claimed = self._claim_and_push(keys=keys, args=args)
-                break
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                # Safe to run again: a call the lost attempt published is claimed now,
-                # and is then attached to instead of published twice.
-                time.sleep(backoff.next_or_raise(exc))
-        return _attached(calls, claimed)
+                outcomes = self._publish_now([slot.call for slot in batch])
+            except BaseException as exc:
+                for slot in batch:
+                    slot.error = exc
+                    slot.done.set()
+                if not isinstance(exc, Exception):
+                    with self._lock:
+                        self._leading = False
+                    raise
+                continue
+            for slot in batch:
+                slot.outcome = outcomes[slot.call.task_id]
+                slot.done.set()
 
-    def publishes_on_loop(self, calls: Sequence[PreparedCall]) -> bool:
-        """Whether :meth:`publish_async` can publish ``calls`` without blocking: they go
-        out in one script, and every queue they go to had a message built here before
-        (kombu declared it then, with the round trips that takes)."""
-        return self._one_trip and self.outbox.built_before(calls)
+    def _publish_now(self, calls: Sequence[PreparedCall]) -> dict[str, Outcome]:
+        if self._broker is not None:
+            return self._publish_amqp(calls)
+        outcomes: dict[str, Outcome] = {}
+        for group, signalled in self._groups(calls):
+            with publishing(group[0].trace if signalled else None):
+                keys, args, messages = self._push_args(group, signalled)
+                replies = _retrying(functools.partial(self._push, keys=keys, args=args))
+                if signalled:
+                    after_publish(messages[0], self._queue(group[0]))
+            outcomes.update(_outcomes(group, replies))
+        return outcomes
+
+    # -- async -------------------------------------------------------------------------
 
     async def publish_async(
-        self, calls: Sequence[PreparedCall], client: aioredis.Redis
-    ) -> list[PreparedCall] | None:
-        """:meth:`publish` on the running event loop, through ``client`` (a client of
-        that loop's), for calls :meth:`publishes_on_loop` accepts: the messages are
-        built here (no I/O) and claimed and pushed in one script, awaited. ``None``,
-        with nothing published, when another thread is building messages right now:
-        publish those calls with :meth:`publish`, off the loop.
+        self, call: PreparedCall, ended: concurrent.futures.Future[Outcome] | None = None
+    ) -> Outcome:
+        """Publish ``call`` with the calls of this loop's next batch.
+
+        Args:
+            call: The call.
+            ended: Set with the call's outcome (or the batch's error) when the batch ends,
+                also when this caller was cancelled before that.
 
         Raises:
-            redis.RedisError: Redis stayed unreachable for the retry window.
+            DispatchError: the broker or Redis refused them.
         """
+        loop = asyncio.get_running_loop()
+        batch = self._batches.get(loop)
+        if batch is None:
+            batch = _LoopBatch(loop.create_future())
+            self._batches[loop] = batch
+            # Two turns: every Send task of the superstep reaches this point first.
+            loop.call_soon(self._later, loop, batch, 1)
+        batch.calls.append(call)
+        batch.ends.append(ended if ended is not None else concurrent.futures.Future())
+        # Shielded: a caller cancelled now (a sibling failed) still has its call's fate
+        # decided with the batch; cancelling it then revokes what was published.
+        await asyncio.shield(batch.done)
+        return batch.outcomes[call.task_id]
+
+    def _later(self, loop: asyncio.AbstractEventLoop, batch: _LoopBatch, turns: int) -> None:
+        if turns > 0:
+            loop.call_soon(self._later, loop, batch, turns - 1)
+            return
+        if self._batches.get(loop) is batch:
+            del self._batches[loop]
+        task = loop.create_task(self._flush(batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _flush(self, batch: _LoopBatch) -> None:
         try:
-            script = self._script_args(calls, wait=False)
-        except Busy:
-            return None
-        if script is None:  # publishes_on_loop said yes: the transport changed under us
-            raise RuntimeError("the broker's channel cannot hand its commands over")
-        keys, args = script
-        if self._claim_and_push_async is None:
-            self._claim_and_push_async = client.register_script(_CLAIM_AND_PUSH)
-        backoff = Backoff(CLAIM_RETRY_SECONDS)
-        while True:
-            try:
-                claimed = await self._claim_and_push_async(keys=keys, args=args, client=client)
-                break
-            except (redis.ConnectionError, redis.TimeoutError) as exc:  # as in publish()
-                await asyncio.sleep(backoff.next_or_raise(exc))
-        return _attached(calls, claimed)
+            if self._broker is not None:
+                io = self._broker.io
+                outcomes = await asyncio.wrap_future(io.submit(self._publish_now, batch.calls))
+            else:
+                outcomes = await self._push_on_loop(batch.calls)
+        except BaseException as exc:
+            error = _dispatch_error(exc, len(batch.calls))
+            for ended in batch.ends:
+                ended.set_exception(error)
+            if not batch.done.done():
+                batch.done.set_exception(error)
+                batch.done.exception()  # retrieved: a batch whose callers all left
+            if not isinstance(exc, Exception):
+                raise
+            return
+        batch.outcomes.update(outcomes)
+        for call, ended in zip(batch.calls, batch.ends, strict=True):
+            ended.set_result(outcomes[call.task_id])
+        if not batch.done.done():
+            batch.done.set_result(None)
 
-    def _script_args(
-        self, calls: Sequence[PreparedCall], *, wait: bool = True
-    ) -> tuple[list[str], list[str | int | bytes]] | None:
-        """The keys and arguments of the one-script publication of ``calls``; ``None``
-        when this broker's channel cannot hand its commands over.
+    async def _push_on_loop(self, calls: Sequence[PreparedCall]) -> dict[str, Outcome]:
+        client = await self._loop_clients.get()
+        outcomes: dict[str, Outcome] = {}
+        for group, signalled in self._groups(calls):
+            with publishing(group[0].trace if signalled else None):
+                keys, args, messages = self._push_args(group, signalled)
+                replies = await _retrying_async(
+                    functools.partial(_script_async, client, self._push, keys, args)
+                )
+                if signalled:
+                    after_publish(messages[0], self._queue(group[0]))
+            outcomes.update(_outcomes(group, replies))
+        return outcomes
 
-        Raises:
-            Busy: ``wait`` is false and another thread is building messages.
-        """
-        captured = self.outbox.build(calls, wait=wait)
-        by_id = {item.task_id: item for item in captured or ()}
-        if captured is None or any(not by_id.get(c.task_id, _EMPTY).commands for c in calls):
-            return None
+    # -- building ----------------------------------------------------------------------
+
+    def _groups(self, calls: Sequence[PreparedCall]) -> list[tuple[list[PreparedCall], bool]]:
+        """The calls in one group; one group per call when Celery's publish signals have
+        listeners (each message published in its own call's trace context)."""
+        if before_publish_listened():
+            return [([call], True) for call in calls]
+        return [(list(calls), False)]
+
+    def _queue(self, call: PreparedCall) -> str:
+        return call.queue or self._default_queue
+
+    def message(self, call: PreparedCall) -> TaskMessage:
+        """The call's task message, answered on this publisher's reply channel."""
+        return task_message(call, self.reply_to, self._settings.signing_key)
+
+    def _push_args(
+        self, calls: Sequence[PreparedCall], signalled: bool
+    ) -> tuple[list[str], list[Any], list[TaskMessage]]:
+        prefix = self._settings.key_prefix
         keys: list[str] = []
-        args: list[str | int | bytes] = [self._expires, "sent"]
+        args: list[Any] = [self._settings.result_expires, self._marker_value, self._token]
+        messages = []
         for call in calls:
-            item = by_id[call.task_id]
-            keys.append(self._marker(call))
-            args.append(len(item.commands))
-            for name, key, value in item.commands:
-                keys.append(key)
-                args += [name, value]
-        return keys, args
+            queue = self._queue(call)
+            message = self.message(call)
+            if signalled:
+                before_publish(message, queue)
+            messages.append(message)
+            keys += [
+                marker_key(prefix, call.task_id),
+                self._result_key(call.task_id),
+                self._queue_key(queue),
+            ]
+            args.append(redis_envelope(message, queue))
+        return keys, args, messages
+
+    # -- RabbitMQ ----------------------------------------------------------------------
+
+    def _publish_amqp(self, calls: Sequence[PreparedCall]) -> dict[str, Outcome]:
+        assert self._broker is not None
+        prefix = self._settings.key_prefix
+        keys = [
+            k for c in calls for k in (marker_key(prefix, c.task_id), self._result_key(c.task_id))
+        ]
+        args: list[Any] = [PENDING_MARKER_TTL, self._pending_value, self._token]
+        replies = _retrying(functools.partial(self._claim, keys=keys, args=args))
+        outcomes = _outcomes(calls, replies)
+        mine = [c for c in calls if outcomes[c.task_id] is Outcome.PUBLISHED]
+        if not mine:
+            return outcomes
+        try:
+            for group, signalled in self._groups(mine):
+                with publishing(group[0].trace if signalled else None):
+                    self._broker.send(
+                        [(c, self.message(c), self._queue(c)) for c in group], signalled
+                    )
+        except Exception:
+            self.release(mine)
+            raise
+        self._marked(mine)
+        return outcomes
+
+    def _marked(self, calls: Sequence[PreparedCall]) -> None:
+        """Mark published calls ``sent``. Failing that they still run (their messages are
+        queued): the marker stays ``pending`` and expires; :meth:`abandoned` knows."""
+        prefix = self._settings.key_prefix
+        keys = [marker_key(prefix, c.task_id) for c in calls]
+        try:
+            _retrying(
+                lambda: self._mark_sent(
+                    keys=keys, args=[self._settings.result_expires, self._token]
+                )
+            )
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.warning(
+                "%d published call(s) not marked sent (%r); their waiters check", len(calls), exc
+            )
+            with self._lock:
+                self._unmarked.update(c.task_id for c in calls)
+
+    def release(self, calls: Sequence[PreparedCall]) -> None:
+        """Drop this publisher's claims of calls whose publication failed."""
+        keys = [marker_key(self._settings.key_prefix, c.task_id) for c in calls]
+        try:
+            self._release(keys=keys, args=[self._token])
+        except redis.RedisError:  # the claims expire on their own
+            log.warning("could not release %d claim(s)", len(calls))
+
+    # -- checks and revocations ----------------------------------------------------------
 
     def abandoned(self, call: PreparedCall) -> bool:
-        """True when ``call`` has neither a claim nor a result: nobody will publish it.
-
-        A call published here whose ``sent`` marker could not be written yet is never
-        abandoned: the marker is written now (once Redis answers again).
+        """True when ``call`` has neither a marker nor a result: nobody will publish it
+        (its claimer died, or Redis lost the marker).
 
         Raises:
             redis.RedisError: Redis did not answer.
         """
-        with self._lock:
-            unmarked = call.task_id in self._unmarked
-        if unmarked:
-            self._mark_sent([call], 0.0)
+        if call.task_id in self._unmarked:
+            self._marked([call])
             return False
-        key = self.app.backend.get_key_for_task(call.task_id)
         with self._client.pipeline(transaction=False) as pipe:
-            pipe.exists(self._marker(call))
-            pipe.exists(key)
+            pipe.exists(marker_key(self._settings.key_prefix, call.task_id))
+            pipe.exists(self._result_key(call.task_id))
             marker, result = pipe.execute()
         return not marker and not result
 
-    def _marker(self, call: PreparedCall) -> str:
-        return call_marker_key(self._prefix, call.task_id)
+    def record_revoked(self, task_ids: Sequence[str]) -> None:
+        """Record the calls as cancelled in their markers (a worker starting one later
+        answers ``cancelled`` and does not run it).
 
-    def _claim(self, calls: Sequence[PreparedCall], token: str) -> list[PreparedCall]:
-        """The calls claimed with ``token`` (by this attempt or an earlier try of it)."""
-        backoff = Backoff(CLAIM_RETRY_SECONDS)
-        retried = False
-        while True:
-            try:
-                with self._client.pipeline(transaction=False) as pipe:
-                    for call in calls:
-                        pipe.set(self._marker(call), token, nx=True, ex=PENDING_MARKER_TTL)
-                    if retried:  # an earlier try may have claimed them, its reply lost
-                        for call in calls:
-                            pipe.get(self._marker(call))
-                    replies = pipe.execute()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                # Nothing was published yet, so trying again is safe.
-                time.sleep(backoff.next_or_raise(exc))
-                retried = True
-                continue
-            held = replies[len(calls) :] if retried else [None] * len(calls)
-            return [
-                c
-                for c, ok, value in zip(calls, replies[: len(calls)], held, strict=True)
-                if ok or _text(value) == token
-            ]
+        Raises:
+            redis.RedisError: Redis did not answer.
+        """
+        keys = [marker_key(self._settings.key_prefix, t) for t in task_ids]
+        self._revoke(keys=keys, args=[self._settings.result_expires])
 
-    def _mark_sent(self, calls: Sequence[PreparedCall], within: float) -> None:
-        """Mark published calls ``sent``, retrying for ``within`` seconds; calls still
-        unmarked then are remembered (:meth:`abandoned` marks them later)."""
-        ids = {c.task_id for c in calls}
-        backoff = Backoff(within)
-        while True:
-            try:
-                with self._client.pipeline(transaction=False) as pipe:
-                    for call in calls:
-                        pipe.set(self._marker(call), "sent", ex=self._expires)
-                    pipe.execute()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                delay = backoff.next()
-                if delay is not None:
-                    time.sleep(delay)
-                    continue
-                log.warning(
-                    "%d published call(s) not yet marked sent (%r); their waiters retry",
-                    len(calls),
-                    exc,
+
+def before_publish_listened() -> bool:
+    """Whether Celery's publish signals have listeners (an instrumented process)."""
+    from celery import signals
+
+    return bool(signals.before_task_publish.receivers or signals.after_task_publish.receivers)
+
+
+class AmqpBroker:
+    """RabbitMQ's side of publishing: kombu producers with publisher confirms.
+
+    Args:
+        app: A Celery app of the fleet (its queue table names the broker's queues).
+        io: Threads that run the blocking publications of async callers.
+    """
+
+    def __init__(self, app: Any, io: concurrent.futures.ThreadPoolExecutor) -> None:
+        from kombu.pools import ProducerPool
+
+        self.app = app
+        self.io = io
+        limit = app.conf.broker_pool_limit or 10
+        self._connections: Any = app.connection_for_write().Pool(limit=limit)
+        self._producers: Any = ProducerPool(self._connections, limit=limit)  # type: ignore[no-untyped-call]
+
+    def send(self, batch: Sequence[tuple[PreparedCall, TaskMessage, str]], signalled: bool) -> None:
+        """Publish the messages (each confirmed by RabbitMQ before this returns).
+
+        Raises:
+            kombu's OperationalError: RabbitMQ refused them.
+        """
+        queues = self.app.amqp.queues
+        with self._producers.acquire(block=True) as producer:
+            for _, message, queue in batch:
+                target = queues[queue]
+                if signalled:
+                    before_publish(message, target.name)
+                producer.publish(
+                    message.body,
+                    exchange="",
+                    routing_key=target.name,
+                    serializer="json",
+                    delivery_mode=2,
+                    declare=[target],
+                    headers=message.headers,
+                    retry=True,
+                    retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5},
+                    **message.properties,
                 )
-                with self._lock:
-                    self._unmarked |= ids
-                return
-            with self._lock:
-                self._unmarked -= ids
-            return
+                if signalled:
+                    after_publish(message, target.name)
 
     def close(self) -> None:
-        """Close this publisher's broker connections."""
-        self.outbox.close()
+        """Close the producers' connections."""
+        self._producers.force_close_all()
+        self._connections.force_close_all()
 
-    def _release(self, calls: Sequence[PreparedCall]) -> None:
+
+def _outcomes(calls: Sequence[PreparedCall], replies: Sequence[Any]) -> dict[str, Outcome]:
+    found = {}
+    attached = 0
+    for call, reply in zip(calls, replies, strict=True):
+        code = int(reply)
+        if code in (1, 3):
+            found[call.task_id] = Outcome.PUBLISHED
+        elif code == 2:
+            found[call.task_id] = Outcome.STORED
+        else:
+            found[call.task_id] = Outcome.ATTACHED
+            attached += 1
+    if attached:
+        log.info("%d call(s) already dispatched; attaching", attached)
+    return found
+
+
+def _dispatch_error(exc: BaseException, count: int) -> BaseException:
+    if isinstance(exc, DispatchError) or not isinstance(exc, Exception):
+        return exc
+    return DispatchError(f"could not publish {count} tool call(s): {exc!r}")
+
+
+def _retrying(attempt: Callable[[], Any]) -> Any:
+    """``attempt()``, tried again while Redis does not answer, for :data:`RETRY_SECONDS`.
+
+    Safe to repeat: a call an attempt whose reply was lost published is found marked
+    with this publisher's token, and counts as published.
+    """
+    backoff = _Backoff(RETRY_SECONDS)
+    while True:
         try:
-            self._client.delete(*[self._marker(call) for call in calls])
-        except redis.RedisError:  # the claims expire on their own
-            log.warning("could not release %d claim(s)", len(calls))
+            return attempt()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            time.sleep(backoff.next_or_raise(exc))
 
 
-class Backoff:
+async def _retrying_async(attempt: Callable[[], Any]) -> Any:
+    """:func:`_retrying` on an event loop."""
+    backoff = _Backoff(RETRY_SECONDS)
+    while True:
+        try:
+            return await attempt()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            await asyncio.sleep(backoff.next_or_raise(exc))
+
+
+async def _script_async(
+    client: aioredis.Redis, script: Any, keys: list[str], args: list[Any]
+) -> Any:
+    """Run a registered script through an async client: by its digest, loaded first
+    when the server does not know it (restarted, flushed)."""
+    try:
+        return await client.evalsha(script.sha, len(keys), *keys, *args)
+    except redis.exceptions.NoScriptError:
+        await client.script_load(script.script)
+        return await client.evalsha(script.sha, len(keys), *keys, *args)
+
+
+class _Backoff:
     """Delays between tries while Redis does not answer: 0.1 s, doubling up to 2 s, as
     long as the next try starts within ``window`` seconds of the first."""
 
@@ -310,32 +619,10 @@ class Backoff:
         self._deadline = time.monotonic() + window
         self._delay = 0.1
 
-    def next(self) -> float | None:
-        """The delay before the next try; ``None`` when that would be past the window."""
+    def next_or_raise(self, exc: Exception) -> float:
         delay = self._delay
         if time.monotonic() + delay > self._deadline:
-            return None
-        self._delay = min(delay * 2, 2.0)
-        return delay
-
-    def next_or_raise(self, exc: Exception) -> float:
-        """:meth:`next`, logged; past the window, ``exc`` (why Redis did not answer)."""
-        delay = self.next()
-        if delay is None:
             raise exc
+        self._delay = min(delay * 2, 2.0)
         log.warning("Redis unreachable while dispatching; retrying in %.1fs", delay)
         return delay
-
-
-def _attached(calls: Sequence[PreparedCall], claimed: Sequence[int]) -> list[PreparedCall]:
-    """The calls the script did not claim (someone else's), logged."""
-    attached = [c for c, ok in zip(calls, claimed, strict=True) if not ok]
-    if attached:
-        log.info("%d call(s) already dispatched; attaching", len(attached))
-    return attached
-
-
-def _text(value: object) -> str | None:
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    return value if isinstance(value, str) else None

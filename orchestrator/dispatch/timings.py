@@ -1,7 +1,8 @@
 """How long this orchestrator's calls take to start and to come back, as it sees them.
 
-A dispatcher given a :class:`CallTimings` tells it when it publishes calls, what their
-state changes are and when it stops waiting; the timings report, per tool:
+A dispatcher given a :class:`CallTimings` has each call's observer
+(:class:`~orchestrator.observe.CallObserver`) tell it when the call is published, what
+its state changes are and when nobody waits for it any more; the timings report, per tool:
 
 - *dispatch to start*: from publishing a call to hearing that a worker started it (the
   queue wait, the worker's fetch, and the start notice's trip back);
@@ -15,9 +16,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
-from orchestrator.dispatch.watch import READY_STATES, StateCallback
+from orchestrator.dispatch.watch import READY_STATES
 
 Report = Callable[[str, float], None]
 """Called with (tool, seconds)."""
@@ -59,17 +60,8 @@ class CallTimings:
             self._published.pop(task_id, None)
             self._started.discard(task_id)
 
-    def observing(self, on_state: StateCallback | None) -> StateCallback:
-        """A state callback that records the timings, then calls ``on_state``."""
-
-        def observe(task_id: str, state: str | None, meta: dict[str, Any]) -> None:
-            self._state(task_id, state)
-            if on_state is not None:
-                on_state(task_id, state, meta)
-
-        return observe
-
-    def _state(self, task_id: str, state: str | None) -> None:
+    def state(self, task_id: str, state: str | None) -> None:
+        """A call's state changed (the listener reports every change)."""
         now = time.monotonic()
         with self._lock:
             entry = self._published.get(task_id)

@@ -29,15 +29,13 @@ The state is the meta's ``status`` (``None`` in a meta without one).
 
 @dataclass
 class Watch:
-    """One watched call: its future, its channel, its observers and its liveness."""
+    """One watched call: its future, its observers and its liveness."""
 
     future: concurrent.futures.Future[dict[str, Any]]
-    channel: bytes
     since: float = field(default_factory=time.monotonic)
     waiters: int = 1
     on_state: list[StateCallback] = field(default_factory=list)
     last_state: str | None = None
-    own_channel: bool = True
     last_activity: float | None = None
     progress_seq: int = 0
 
@@ -54,12 +52,11 @@ def notify(
 
 
 class WatchTable:
-    """The watched calls of one listener, by task id and by channel; thread-safe."""
+    """The watched calls of one listener, by task id; thread-safe."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.watches: dict[str, Watch] = {}
-        self.by_channel: dict[bytes, str] = {}
 
     def deliver_reply(self, raw: bytes) -> None:
         """A message on the reply channel: a state or a progress batch of some call."""
@@ -98,7 +95,7 @@ class WatchTable:
             return watch.last_activity if watch is not None else None
 
     def deliver(self, task_id: str, raw: bytes | str | None) -> None:
-        """A stored or published state of ``task_id`` (raw JSON meta)."""
+        """A stored state of ``task_id`` (raw JSON meta)."""
         if raw is None:
             return
         try:
@@ -106,7 +103,8 @@ class WatchTable:
         except ValueError:
             log.error("unreadable result for task %s", task_id)
             return
-        self.apply(task_id, meta)
+        if isinstance(meta, dict):
+            self.apply(task_id, meta)
 
     def apply(self, task_id: str, meta: dict[str, Any]) -> None:
         """A decoded state: observers hear of changes; a ready state resolves the future."""

@@ -16,7 +16,7 @@ from langchain_core.language_models import BaseChatModel
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from orchestrator.agent import build_agent, chat_model
-from orchestrator.dispatch.celery import CeleryDispatcher
+from orchestrator.dispatch.dispatcher import CeleryDispatcher
 from orchestrator.scripted import SCRIPTED
 from orchestrator.server.graphs import STARTED, assistant_id_for
 from orchestrator.tools import RemoteTool

@@ -10,7 +10,7 @@ from fastapi import Depends, Request, Response
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.store.base import BaseStore
 
-from orchestrator.dispatch.celery import CeleryDispatcher
+from orchestrator.dispatch.dispatcher import CeleryDispatcher
 from orchestrator.server.assistant_store import AssistantStore
 from orchestrator.server.encoding import dumps
 from orchestrator.server.graphs import Graphs

@@ -3,8 +3,8 @@ machine stops): the call runs again on another host within seconds, at the defau
 policy's 300 s time limit, and a non-idempotent call is not run twice.
 
 The worker's lease (:mod:`tool_workers.celery_ext.lease`) lapses ``TOOLFLEET_LEASE_TTL``
-(10 s) after the host stopped renewing it, and the surviving worker's next sweep puts the call back on
-its queue; the visibility timeout (330 s here) is only the last resort.
+(10 s) after the host stopped renewing it, and the surviving worker's next sweep puts the
+call back on its queue; the visibility timeout (330 s here) is only the last resort.
 """
 
 from __future__ import annotations

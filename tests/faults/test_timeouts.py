@@ -17,13 +17,13 @@ from orchestrator import (
     dispatcher_for,
     with_deadline,
 )
-from orchestrator.calls import PreparedCall
+from orchestrator.call import PreparedCall
 from orchestrator.dispatch import CeleryDispatcher
 from tests.support.fleet import (
-    call_states,
     effects,
     one_turn,
     result_state,
+    running_calls,
     started_calls,
     wait_until,
 )
@@ -93,7 +93,7 @@ def test_run_deadline_revokes_in_flight_calls(
     took = time.monotonic() - t0
     # Every call that started has ended, one way or another: a call that survived its
     # revocation would have recorded its effect by then.
-    wait_until(lambda: not call_states(settings)["STARTED"], 30, "the end of every call")
+    wait_until(lambda: running_calls(settings) == 0, 30, "the end of every call")
 
     assert took < 1.5 + 2
     assert effects(counter, settings, "slow_effect") == {}
@@ -130,7 +130,7 @@ def test_cancelled_async_run_revokes_its_calls(
             await task
 
     asyncio.run(cancel_soon())
-    wait_until(lambda: not call_states(settings)["STARTED"], 30, "the end of every call")
+    wait_until(lambda: running_calls(settings) == 0, 30, "the end of every call")
 
     assert len(dispatched) == 3
     assert {result_state(settings, t) for t in dispatched} == {"REVOKED"}

@@ -66,18 +66,20 @@ def test_calls_run_on_workers_in_call_order(fleet: Settings, mode: str) -> None:
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_fan_out_is_parallel(fleet: Settings, mode: str) -> None:
-    """Given 24 calls of a 0.5 s tool (more than LangGraph's 6 sync threads), when run with
-    the default config, then they overlap: far below the 12 s a serial run takes."""
+    """Given 24 calls of a 0.5 s tool (more than LangGraph's 6 sync threads by default),
+    when run (sync: with ``max_concurrency`` in the run config, as the README says), then
+    they overlap: far below the 12 s a serial run takes."""
     calls = [("sleep_for", {"seconds": 0.5, "label": str(i)}) for i in range(24)]
     dispatcher = dispatcher_for(settings=fleet)
     tools = discover_tools(dispatcher=dispatcher, require=["sleep_for"], wait=10)
     agent = create_agent(
         one_turn(calls), tools, middleware=[CeleryToolMiddleware(dispatcher=dispatcher)]
     )
-    run(agent, mode)  # warm up connections and the listener
+    config = {"max_concurrency": 32} if mode == "sync" else {}
+    run(agent, mode, **config)  # warm up connections and the listener
 
     t0 = time.perf_counter()
-    state = run(agent, mode)
+    state = run(agent, mode, **config)
     elapsed = time.perf_counter() - t0
 
     assert [m.content for m in tool_messages(state)] == [f"{i} 0.5" for i in range(24)]
@@ -235,32 +237,31 @@ def test_tool_call_events_stream_live(fleet: Settings, mode: str) -> None:
         assert finished["status"] == "success" and finished["duration"] >= 0.3
 
 
-def test_async_runs_publish_on_the_event_loop_once_the_queue_is_known(fleet: Settings) -> None:
-    """Given a dispatcher whose first run published from its threads (blocking: it
-    connected and declared the queue), when later async runs fan out, then every one of
-    their calls is published on the event loop itself, no publishing thread involved,
-    and every call is answered (with the blocking-call detector on).
+def test_async_runs_publish_on_the_event_loop(fleet: Settings) -> None:
+    """Given async runs fanning out, when they publish, then every call goes out from the
+    event loop itself, in a script awaited there (no publishing thread involved, the
+    first run included), and every call is answered (with the blocking-call detector on).
 
     A fan-out is batched by loop turns, so its calls may go out in more than one script
     when their hooks reach the dispatcher turns apart (a callback handler that hops to
-    an executor, a registry read): only where they are published is asserted."""
+    an executor): only where they are published is asserted."""
     dispatcher = dispatcher_for(settings=fleet)
     publisher = dispatcher._publisher
-    threads: list[tuple[int, str]] = []
-    on_loop: list[tuple[int, int]] = []
-    blocking, native = publisher.publish, publisher.publish_async
+    blocking: list[str] = []
+    on_loop: list[tuple[int, int, str]] = []
+    lead, push = publisher._lead, publisher._push_on_loop
     phase = {"run": 0}
 
-    def counted(calls: Any) -> Any:
-        threads.append((phase["run"], threading.current_thread().name))
-        return blocking(calls)
+    def counted() -> Any:
+        blocking.append(threading.current_thread().name)
+        return lead()
 
-    async def counted_on_loop(calls: Any, client: Any) -> Any:
-        on_loop.append((phase["run"], len(calls)))
-        return await native(calls, client)
+    async def counted_on_loop(calls: Any) -> Any:
+        on_loop.append((phase["run"], len(calls), threading.current_thread().name))
+        return await push(calls)
 
-    publisher.publish = counted  # type: ignore[method-assign]
-    publisher.publish_async = counted_on_loop  # type: ignore[method-assign]
+    publisher._lead = counted  # type: ignore[method-assign]
+    publisher._push_on_loop = counted_on_loop  # type: ignore[method-assign]
     calls = [("add", {"a": i, "b": 1}) for i in range(5)]
     agent = create_agent(
         one_turn(calls), [fleet_tools.add], middleware=[CeleryToolMiddleware(dispatcher=dispatcher)]
@@ -271,10 +272,10 @@ def test_async_runs_publish_on_the_event_loop_once_the_queue_is_known(fleet: Set
         phase["run"] = n
         states.append(run(agent, "async"))
 
-    assert threads and all(
-        n == 0 and name.startswith("toolfleet-publish") for n, name in threads
-    ), threads
-    for later in (1, 2):
-        assert sum(size for n, size in on_loop if n == later) == len(calls), on_loop
+    assert blocking == []
+    me = threading.current_thread().name
+    for n in range(3):
+        assert sum(size for run_, size, _ in on_loop if run_ == n) == len(calls), on_loop
+    assert {name for _, _, name in on_loop} == {me}
     for state in states:
         assert [m.content for m in tool_messages(state)] == [str(i + 1) for i in range(5)]

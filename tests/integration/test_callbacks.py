@@ -11,7 +11,7 @@ from langchain.agents import create_agent
 from langchain_core.messages import HumanMessage
 
 from orchestrator import CeleryToolMiddleware, dispatcher_for
-from orchestrator.callbacks import RemoteToolError
+from orchestrator.observe import RemoteToolError
 from tests import fleet_tools
 from tests.support.callbacks import Recorder
 from tests.support.fleet import one_turn

@@ -14,7 +14,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -24,13 +23,13 @@ from langchain_core.messages import ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 from orchestrator import CeleryToolMiddleware
-from orchestrator.calls import PreparedCall
-from orchestrator.dispatch.celery import CeleryDispatcher
+from orchestrator.call import PreparedCall
+from orchestrator.dispatch.dispatcher import CeleryDispatcher
 from tests import fleet_tools
 from tests.support.fleet import one_turn
 from tool_workers.contract.broker import create_app
 from tool_workers.contract.errors import DispatchError
-from tool_workers.contract.names import revoked_key
+from tool_workers.contract.marker import CallMarker, marker_key
 from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
@@ -46,50 +45,49 @@ class FailingPublications:
         self.failing = True
         self.publishing = threading.Event()
         publisher = dispatcher._publisher
-        self._publish = publisher.publish
-        self._publish_async = publisher.publish_async
-        publisher.publish = self  # type: ignore[method-assign]
-        publisher.publish_async = self.on_loop  # type: ignore[method-assign]
+        self._publish_now = publisher._publish_now
+        self._push_on_loop = publisher._push_on_loop
+        publisher._publish_now = self  # type: ignore[method-assign]
+        publisher._push_on_loop = self.on_loop  # type: ignore[method-assign]
 
     def __call__(self, calls: Any) -> Any:
         if not self.failing:
-            return self._publish(calls)
+            return self._publish_now(calls)
         self.publishing.set()
         time.sleep(0.5)
         raise redis.ConnectionError("Redis unreachable")
 
-    async def on_loop(self, calls: Any, client: Any) -> Any:
+    async def on_loop(self, calls: Any) -> Any:
         if not self.failing:
-            return await self._publish_async(calls, client)
+            return await self._push_on_loop(calls)
         self.publishing.set()
         await asyncio.sleep(0.5)
         raise redis.ConnectionError("Redis unreachable")
 
 
-@pytest.fixture(params=["threads", "loop"])
-def dispatcher(
-    shared_fleet: Settings, request: pytest.FixtureRequest
-) -> Iterator[CeleryDispatcher]:
-    """A dispatcher whose async publications go out from its threads (a new one: the
-    first publication always blocks), or on the event loop (one call published first)."""
+@pytest.fixture
+def dispatcher(shared_fleet: Settings) -> Iterator[CeleryDispatcher]:
+    """A dispatcher of its own (its publications are made to fail)."""
     dispatcher = CeleryDispatcher(create_app(shared_fleet), shared_fleet, owns_app=True)
-    if request.param == "loop":
-        first = replace(call("warm-up"), args={"seconds": 0, "label": "warm-up"})
-
-        async def warm_up() -> None:
-            await dispatcher.submit_async(first)
-            await dispatcher.wait_async(first, timeout=30)
-            assert dispatcher._publisher.publishes_on_loop([call("next")])
-
-        asyncio.run(warm_up())
     yield dispatcher
     dispatcher.close()
 
 
+def revoked(settings: Settings, client: redis.Redis, task_id: str) -> bool:
+    """Whether the call's marker records a revocation."""
+    marker = CallMarker.parse(client.get(marker_key(settings.key_prefix, task_id)))
+    return marker is not None and marker.revoked
+
+
 def revocations(settings: Settings, client: redis.Redis) -> set[bytes]:
-    """The revocations recorded in the fleet's namespace (shared with other tests: compare
-    before and after)."""
-    return set(client.scan_iter(revoked_key(settings.key_prefix, "*")))
+    """The calls of the fleet's namespace whose markers record a revocation (the namespace
+    is shared with other tests: compare before and after)."""
+    keys = list(client.scan_iter(marker_key(settings.key_prefix, "*")))
+    return {
+        key
+        for key, raw in zip(keys, client.mget(keys) if keys else [], strict=True)
+        if (marker := CallMarker.parse(raw)) is not None and marker.revoked
+    }
 
 
 def test_a_fan_out_whose_publication_failed_is_resumed_with_every_call_run(
@@ -150,9 +148,8 @@ def test_cancelling_calls_whose_publication_failed_records_no_revocation(
     outcomes = asyncio.run(fail_then_cancel())
     assert all(isinstance(o, DispatchError) for o in outcomes), outcomes
     asyncio.run(cancel_while_publishing())
-    revoked = [counter.exists(revoked_key(shared_fleet.key_prefix, c.task_id)) for c in after]
-    revoked += [counter.exists(revoked_key(shared_fleet.key_prefix, c.task_id)) for c in during]
-    assert revoked == [0] * 6
+    found = [revoked(shared_fleet, counter, c.task_id) for c in [*after, *during]]
+    assert found == [False] * 6
 
     failing.failing = False
     published = call("sent")
@@ -162,7 +159,7 @@ def test_cancelling_calls_whose_publication_failed_records_no_revocation(
         await dispatcher.cancel_async([published])
 
     asyncio.run(publish_then_cancel())
-    assert counter.exists(revoked_key(shared_fleet.key_prefix, published.task_id)) == 1
+    assert revoked(shared_fleet, counter, published.task_id)
 
 
 def call(label: str) -> PreparedCall:

@@ -16,14 +16,13 @@ import redis
 from tool_workers.celery_ext.backend import _STORE
 from tool_workers.celery_ext.fence import (
     START_SCRIPT,
-    fence_key,
-    handed_on_key,
     held_key,
     holding_token,
     parse_start,
     start_args,
 )
 from tool_workers.celery_ext.lease import Lease, held_entry, leases_key
+from tool_workers.contract.marker import CallMarker, marker_key
 from tool_workers.contract.settings import Settings
 
 TTL = 0.3
@@ -63,8 +62,12 @@ def deliver(client: redis.Redis, settings: Settings, lease: Lease, tag: str, tas
     held = lease.take(tag, task)
     client.hset(f"{ns}unacked", tag, json.dumps([raw, "tools", "tools"]))
     client.zadd(f"{ns}unacked_index", {tag: time.time()})
-    client.hset(held, tag, held_entry(task, raw, [queue]))
+    client.hset(held, tag, held_entry(task, queue))
     return queue
+
+
+def marker(client: redis.Redis, settings: Settings, task: str) -> CallMarker | None:
+    return CallMarker.parse(client.get(marker_key(settings.key_prefix, task)))
 
 
 def test_a_lapsed_lease_has_its_unacked_calls_moved_back_to_their_queue(
@@ -89,7 +92,8 @@ def test_a_lapsed_lease_has_its_unacked_calls_moved_back_to_their_queue(
     assert queued[0]["headers"] == {"id": "task-1", "redelivered": True}
     assert not client.hexists(f"{ns}unacked", "tag-1")
     assert client.zscore(f"{ns}unacked_index", "tag-1") is None
-    assert client.get(handed_on_key(settings.key_prefix, "task-1")) == lost.id.encode()
+    handed = marker(client, settings, "task-1")
+    assert handed is not None and handed.handed_on == lost.id
     assert not client.exists(lost.held)
     assert survivor.tick() == []  # moved once only
 
@@ -133,20 +137,18 @@ def test_a_renewed_lease_is_never_swept(client: redis.Redis, settings: Settings)
 
 
 def start(client: redis.Redis, settings: Settings, task: str, request: object) -> object:
-    prefix = settings.key_prefix
-    keys, args = start_args(
-        prefix, f"{prefix}started:{task}", f"{prefix}revoked:{task}", task, 60, request
-    )
+    keys, args = start_args(settings.key_prefix, task, 60, request, "", "")
     return parse_start(client.eval(START_SCRIPT, len(keys), *keys, *args))
 
 
 def store(
     client: redis.Redis, task: str, value: str, fence: str, held: str = "", tag: str = ""
 ) -> int:
-    """Run the result store script for delivery ``tag`` held in ``held`` (none: unfenced)."""
+    """Run the result store script for delivery ``tag`` held in ``held`` (none: unfenced);
+    ``fence`` is the call's marker key."""
     key = f"store-test:{task}"
     token = holding_token(held, tag) if held else ""
-    return int(client.eval(_STORE, 3, key, fence, held, value, 60, "", token, tag))
+    return int(client.eval(_STORE, 3, key, fence, held, value, 60, "store-test", token, tag))
 
 
 def test_only_the_attempt_that_started_last_stores_a_result(
@@ -168,9 +170,10 @@ def test_only_the_attempt_that_started_last_stores_a_result(
     two = start(client, settings, "task-1", Holding(second.held, "tag-1"))
     assert (two.starts, two.handed_on) == (2, True)  # type: ignore[attr-defined]
 
-    fence = fence_key(settings.key_prefix, "task-1")
+    fence = marker_key(settings.key_prefix, "task-1")
     second_token = holding_token(second.held, "tag-1")
-    assert client.get(fence) == second_token.encode()
+    started = marker(client, settings, "task-1")
+    assert started is not None and started.fence == second_token
     assert (
         store(client, "task-1", '{"status": "SUCCESS", "n": 1}', fence, first_held, "tag-1") == -1
     )
@@ -197,17 +200,21 @@ def test_a_delivery_handed_on_before_it_started_does_not_start(
     refused = start(client, settings, "task-1", Holding(held, "tag-1"))
 
     assert refused.stale  # type: ignore[attr-defined]
-    assert client.get(f"{settings.key_prefix}started:task-1") is None
-    assert client.get(fence_key(settings.key_prefix, "task-1")) is None
+    handed = marker(client, settings, "task-1")
+    assert handed is not None and (handed.starts, handed.fence) == (0, "")
 
 
 def test_a_delivery_without_a_holding_is_not_fenced(
     client: redis.Redis, settings: Settings
 ) -> None:
-    """A start or store with no holding (no lease on that worker) works as before."""
+    """A start or store with no holding (no lease on that worker) is not fenced: the
+    first answer stored wins."""
     begun = start(client, settings, "task-9", None)
     assert begun.starts == 1  # type: ignore[attr-defined]
-    assert store(client, "task-9", '{"status": "SUCCESS"}', "") == 1
+    fence = marker_key(settings.key_prefix, "task-9")
+    assert store(client, "task-9", '{"status": "SUCCESS", "n": 1}', fence) == 1
+    assert store(client, "task-9", '{"status": "SUCCESS", "n": 2}', fence) == 0
+    assert json.loads(client.get("store-test:task-9") or b"")["n"] == 1
     client.delete("store-test:task-9")
 
 
@@ -226,7 +233,7 @@ def test_a_call_handed_on_but_not_started_again_stores_its_late_result(
     time.sleep(TTL + 0.2)
     assert survivor.tick() == ["task-1"]  # handed on, not started again yet
 
-    fence = fence_key(settings.key_prefix, "task-1")
+    fence = marker_key(settings.key_prefix, "task-1")
     assert store(client, "task-1", '{"status": "SUCCESS", "n": 1}', fence, held, "tag-1") == 1
     assert json.loads(client.get("store-test:task-1") or b"")["n"] == 1
     client.delete("store-test:task-1")
@@ -264,8 +271,8 @@ def test_a_refusal_before_the_start_is_stored_only_while_its_delivery_is_held(
     worker.tick()
     deliver(client, settings, worker, "tag-1", "task-1")
     deliver(client, settings, worker, "tag-2", "task-2")
-    fence_1 = fence_key(settings.key_prefix, "task-1")
-    fence_2 = fence_key(settings.key_prefix, "task-2")
+    fence_1 = marker_key(settings.key_prefix, "task-1")
+    fence_2 = marker_key(settings.key_prefix, "task-2")
     held = worker.held
 
     assert store(client, "task-1", '{"status": "SUCCESS"}', fence_1, held, "tag-1") == 1

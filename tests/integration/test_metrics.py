@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import dispatcher_for
-from orchestrator.calls import PreparedCall
-from orchestrator.dispatch import CeleryDispatcher
+from orchestrator.call import PreparedCall
+from tests.support.fleet import wait_started
 from tests.support.serving import free_port
 from tool_workers.contract.names import task_id_for
 from tool_workers.contract.settings import Settings
@@ -44,15 +44,9 @@ def scrape(port: int, worker: str) -> Samples:
     return samples
 
 
-def started_pid(dispatcher: CeleryDispatcher, task_id: str, timeout: float = 20.0) -> int:
+def started_pid(settings: Settings, task_id: str) -> int:
     """The pool process a call runs in, once the worker has started it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        meta = dispatcher.app.backend.get_task_meta(task_id)
-        if meta.get("status") == "STARTED" and isinstance(meta.get("result"), dict):
-            return int(meta["result"]["pid"])
-        time.sleep(0.05)
-    raise AssertionError(f"call {task_id} did not start")
+    return int(wait_started(settings, task_id)["pid"])
 
 
 def test_worker_counts_every_outcome_by_tool_under_prefork(
@@ -86,12 +80,12 @@ def test_worker_counts_every_outcome_by_tool_under_prefork(
 
     lost = call("touch", tag="lost", seconds=5)
     dispatcher.submit([lost])
-    os.kill(started_pid(dispatcher, lost.task_id), signal.SIGKILL)
+    os.kill(started_pid(settings, lost.task_id), signal.SIGKILL)
     assert dispatcher.wait(lost, timeout=30).status == "success"  # run again
 
     cancelled = call("sleep_for", seconds=30)
     dispatcher.submit([cancelled])
-    started_pid(dispatcher, cancelled.task_id)
+    started_pid(settings, cancelled.task_id)
     dispatcher.cancel([cancelled], terminate=True)
 
     expected = {

@@ -35,7 +35,7 @@ from langgraph_sdk import get_sync_client
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import CeleryToolMiddleware, ScriptedChatModel, dispatcher_for
-from orchestrator.calls import PreparedCall
+from orchestrator.call import PreparedCall
 from orchestrator.cli.demo import seed_workspace
 from orchestrator.cli.status import collect
 from orchestrator.dispatch.registry import read_entries
@@ -52,7 +52,7 @@ from tests.support.compose import (
     size_bytes,
     variables,
 )
-from tests.support.fleet import REPO, new_namespace
+from tests.support.fleet import REPO, new_namespace, wait_started
 from tests.support.sandbox import sandbox_python
 from tool_workers.contract.broker import create_app
 from tool_workers.contract.names import task_id_for
@@ -506,7 +506,7 @@ def test_compose_deployment_runs_an_agent_and_is_observable(deployment: dict[str
         queue="tools",
     )
     dispatcher.submit([slow])
-    wait_until(lambda: app.AsyncResult(slow.task_id).state == "STARTED", 10, "the call to start")
+    wait_started(settings, slow.task_id, timeout=10)
     # Flower's worker page asks for active tasks without safe=True: argsrepr all the same.
     active = app.control.inspect(timeout=5, limit=len(nodes)).active() or {}
     assert [t["args"] for ts in active.values() for t in ts] == [

@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from orchestrator import dispatcher_for
-from orchestrator.calls import PreparedCall
+from orchestrator.call import PreparedCall
 from orchestrator.local import WorkerProcess
 from tests.support.fleet import RUN_ID, wait_until
 from tests.support.sandbox import NobodyWorker, nobody_dir, sandbox_python

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from orchestrator import dispatcher_for
-from orchestrator.calls import PreparedCall
+from orchestrator.call import PreparedCall
 from orchestrator.local import settings_env
 from tests.support.fleet import REPO, worker_env
 from tool_workers.contract.broker import create_app
@@ -169,7 +169,7 @@ def test_second_dispatch_of_a_call_attaches_to_the_first(
 ) -> None:
     """Given one call dispatched by two orchestrator processes (two dispatchers, two
     listeners), when both wait, then the tool ran once and both get its result."""
-    from orchestrator.dispatch.celery import CeleryDispatcher
+    from orchestrator.dispatch.dispatcher import CeleryDispatcher
     from tests.support.fleet import effects
 
     first = CeleryDispatcher(create_app(shared_fleet), shared_fleet, owns_app=True)

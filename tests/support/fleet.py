@@ -16,7 +16,8 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
 from orchestrator.scripted import ScriptedChatModel, tool_calls_message
 from tool_workers.contract.broker import create_app
-from tool_workers.contract.names import run_marker_key
+from tool_workers.contract.marker import MARKER, CallMarker, marker_key
+from tool_workers.contract.names import result_key
 from tool_workers.contract.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,31 +109,51 @@ def call_states(settings: Settings) -> Counter[str]:
 
 
 def started_calls(settings: Settings) -> int:
-    """How many calls of the namespace a worker has started (their run markers)."""
+    """How many calls of the namespace a worker has started (their markers say so)."""
     client = redis.Redis.from_url(settings.own_redis_url)
     try:
-        pattern = run_marker_key(settings.key_prefix, "*")
-        return len(list(client.scan_iter(match=pattern, count=1000)))
+        keys = list(client.scan_iter(match=f"{settings.key_prefix}{MARKER}*", count=1000))
+        markers = [CallMarker.parse(raw) for raw in client.mget(keys)] if keys else []
+        return sum(1 for m in markers if m is not None and m.starts > 0)
+    finally:
+        client.close()
+
+
+def running_calls(settings: Settings) -> int:
+    """How many calls of the namespace a worker started that have no result stored yet."""
+    client = redis.Redis.from_url(settings.own_redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{settings.key_prefix}{MARKER}*", count=1000))
+        markers = [CallMarker.parse(raw) for raw in client.mget(keys)] if keys else []
+        started = [
+            key.decode().rsplit(MARKER, 1)[1]
+            for key, marker in zip(keys, markers, strict=True)
+            if marker is not None and marker.starts > 0
+        ]
+        results = (
+            client.mget([result_key(settings.namespace, t) for t in started]) if started else []
+        )
+        return sum(1 for raw in results if raw is None)
     finally:
         client.close()
 
 
 def wait_started(settings: Settings, task_id: str, timeout: float = 20.0) -> dict[str, Any]:
-    """Wait until a worker reports the call STARTED; its meta (``pid``, ``hostname``)."""
-    app = create_app(settings)
-    client = redis.Redis.from_url(settings.backend_url)
-    key = app.backend.get_key_for_task(task_id)
+    """Wait until a worker has started the call; the worker and process (``hostname``,
+    ``pid``) its marker names."""
+    client = redis.Redis.from_url(settings.own_redis_url)
+    key = marker_key(settings.key_prefix, task_id)
 
     def started() -> dict[str, Any] | None:
-        raw = client.get(key)
-        meta = json.loads(raw) if raw is not None else {}
-        return dict(meta["result"]) if meta.get("status") == "STARTED" else None
+        marker = CallMarker.parse(client.get(key))
+        if marker is None or marker.starts == 0:
+            return None
+        return {"hostname": marker.worker, "pid": marker.pid}
 
     try:
         return dict(wait_until(started, timeout, f"the start of call {task_id}"))
     finally:
         client.close()
-        app.close()
 
 
 def result_state(settings: Settings, task_id: str) -> str | None:

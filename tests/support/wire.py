@@ -9,9 +9,10 @@ from typing import Any
 import redis
 
 from orchestrator import dispatcher_for
-from orchestrator.calls import PreparedCall
+from orchestrator.call import PreparedCall
 from tool_workers.contract.broker import create_app
-from tool_workers.contract.names import call_marker_key, task_id_for, task_name
+from tool_workers.contract.marker import marker_key
+from tool_workers.contract.names import task_id_for, task_name
 from tool_workers.contract.settings import Settings
 
 
@@ -27,7 +28,7 @@ def watch_only(settings: Settings, tool: str) -> tuple[Any, PreparedCall]:
     call = direct(tool)
     dispatcher._watch([call], None)
     # Claimed as published, so the waiter does not publish it itself.
-    dispatcher._redis.set(call_marker_key(settings.key_prefix, call.task_id), "sent", ex=600)
+    dispatcher._redis.set(marker_key(settings.key_prefix, call.task_id), "{}", ex=600)
     return dispatcher, call
 
 

@@ -10,9 +10,9 @@ from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 
-from orchestrator.callbacks import RemoteToolError
 from orchestrator.dispatch.in_process import InProcessDispatcher
 from orchestrator.middleware import CeleryToolMiddleware
+from orchestrator.observe import RemoteToolError
 from orchestrator.scripted import ScriptedChatModel, tool_calls_message
 from tests.support.callbacks import Recorder
 

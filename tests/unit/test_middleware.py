@@ -8,11 +8,11 @@ this process, so every path of the middleware runs without a broker.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 from typing import Any, Literal, TypedDict
 
 import pytest
@@ -24,14 +24,13 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 from langgraph.types import Send
 
-from orchestrator.calls import PreparedCall
+from orchestrator.call import PreparedCall
 from orchestrator.deadline import with_deadline
 from orchestrator.dispatch.in_process import InProcessDispatcher
 from orchestrator.middleware import CeleryToolMiddleware
 from orchestrator.node import RemoteToolNode
 from orchestrator.scripted import ScriptedChatModel, tool_calls_message
 from tool_workers.contract.errors import RunDeadlineExceeded
-from tool_workers.contract.models import Injected
 from tool_workers.contract.names import call_key, task_id_for
 
 Mode = Literal["invoke", "ainvoke"]
@@ -182,13 +181,13 @@ def test_given_two_turns_of_calls_when_run_then_each_call_published_exactly_once
 def test_given_wide_sync_fan_out_when_invoked_then_calls_run_together(
     dispatcher: InProcessDispatcher,
 ) -> None:
-    # LangGraph runs a superstep's Send tasks on min(32, cpu + 4) threads; eager dispatch
-    # publishes the whole AIMessage at the first arrival, so 20 calls overlap on any host.
+    # LangGraph runs a superstep's Send tasks on the run config's max_concurrency threads
+    # (min(32, cpu + 4) without one): with 20, the 20 calls overlap on any host.
     calls = naps(*[(0.3, f"n{i}") for i in range(20)])
     agent = agent_for(dispatcher, [calls, AIMessage(content="done")])
 
     started = time.perf_counter()
-    messages = run(agent, "invoke")
+    messages = run(agent, "invoke", config={"max_concurrency": 20})
     elapsed = time.perf_counter() - started
 
     assert [m.content for m in tool_messages(messages)] == [f"n{i}" for i in range(20)]
@@ -360,11 +359,12 @@ def test_given_provider_reusing_call_ids_when_two_turns_then_each_turn_runs_its_
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_given_eager_dispatch_off_when_run_then_same_answers_each_published_once(
+def test_given_eager_dispatch_when_passed_then_deprecated_and_same_answers(
     dispatcher: InProcessDispatcher, mode: Mode
 ) -> None:
     calls = naps((0.1, "slow"), (0.0, "fast"))
-    agent = agent_for(dispatcher, [calls, AIMessage(content="done")], eager_dispatch=False)
+    with pytest.warns(DeprecationWarning, match="eager_dispatch"):
+        agent = agent_for(dispatcher, [calls, AIMessage(content="done")], eager_dispatch=False)
 
     messages = run(agent, mode)
 
@@ -373,12 +373,9 @@ def test_given_eager_dispatch_off_when_run_then_same_answers_each_published_once
     assert messages[-1].content == "done"
 
 
-def test_given_sync_run_with_eager_dispatch_then_siblings_published_before_they_arrive(
-    dispatchers: Callable[[Sequence[BaseTool]], InProcessDispatcher],
-) -> None:
-    # Every call waits until all of its siblings have started: without eager dispatch
-    # the later calls would only start when a LangGraph thread frees up.
-    width = 40
+def rendezvous_agent(
+    dispatchers: Callable[[Sequence[BaseTool]], InProcessDispatcher], width: int
+) -> Any:
     barrier = threading.Barrier(width, timeout=5)
 
     @tool
@@ -389,12 +386,39 @@ def test_given_sync_run_with_eager_dispatch_then_siblings_published_before_they_
 
     dispatcher = dispatchers([rendezvous])
     calls = tool_calls_message([("rendezvous", {"i": i}) for i in range(width)])
-    agent = agent_for(dispatcher, [calls, AIMessage(content="done")], tools=[rendezvous])
+    return agent_for(dispatcher, [calls, AIMessage(content="done")], tools=[rendezvous])
 
-    messages = run(agent, "invoke")
+
+def test_given_sync_run_with_max_concurrency_then_every_sibling_runs_at_once(
+    dispatchers: Callable[[Sequence[BaseTool]], InProcessDispatcher],
+) -> None:
+    # Every call waits until all of its siblings have started: with fewer threads than
+    # calls, the later calls would only start when a LangGraph thread frees up.
+    width = 40
+    agent = rendezvous_agent(dispatchers, width)
+
+    messages = run(agent, "invoke", config={"max_concurrency": width})
 
     assert [m.content for m in tool_messages(messages)] == [str(i) for i in range(width)]
     assert all(m.status == "success" for m in tool_messages(messages))
+
+
+def test_given_sync_fan_out_wider_than_the_pool_then_said_once(
+    dispatchers: Callable[[Sequence[BaseTool]], InProcessDispatcher],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # LangGraph's default pool runs a 40-call fan-out in waves: the log says how to widen it.
+    agent = agent_for(
+        dispatchers([echo]),
+        [tool_calls_message([("echo", {"text": str(i)}) for i in range(40)]), AIMessage("done")],
+        tools=[echo],
+    )
+
+    with caplog.at_level(logging.WARNING, logger="toolfleet.orchestrator"):
+        run(agent, "invoke")
+
+    said = [r.getMessage() for r in caplog.records if "max_concurrency" in r.getMessage()]
+    assert len(said) == 1 and "fan-out of 40 tool calls" in said[0]
 
 
 # --- RemoteToolNode in hand-built graphs ------------------------------------------------
@@ -523,28 +547,6 @@ def test_given_unserved_tool_and_near_deadline_when_called_then_deadline_wins_ov
         run(agent, mode, config=with_deadline(1.0))
     assert time.monotonic() - t0 < 20  # generous: the point is "not 60 s"
     assert served_without_echo.published == {}
-
-
-def test_given_call_edited_after_eager_publish_when_reconciled_then_context_and_attempt_kept(
-    dispatcher: InProcessDispatcher,
-) -> None:
-    # Given a call published eagerly, and the same call arriving edited, with graph context
-    spec = dispatcher.served_tools()["echo"]
-    published = PreparedCall(
-        tool="echo", call_id="c1", args={"text": "old"}, task_id="t-1", queue="tools", spec=spec
-    )
-    dispatcher.submit([published])
-    context = Injected(state={"todos": ["a"]}, config={"thread_id": "th"})
-    arrived = replace(published, args={"text": "new"}, injected=context, attempt=2)
-    middleware = CeleryToolMiddleware(dispatcher=dispatcher)
-
-    # When it is reconciled with what was published
-    call = middleware._eager.reconcile(arrived)
-
-    # Then the edited call goes out under a new task id with everything it declared
-    assert call.task_id != published.task_id
-    assert (call.args, call.injected, call.attempt) == ({"text": "new"}, context, 2)
-    assert dispatcher.cancelled == ["t-1"]
 
 
 class ListState(TypedDict):

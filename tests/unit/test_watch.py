@@ -12,14 +12,15 @@ import pytest
 
 from orchestrator.dispatch.listener import ResultListener
 from orchestrator.dispatch.watch import PROGRESS, Watch, WatchTable
+from tool_workers.contract.connections import async_redis_client
+from tool_workers.contract.settings import Settings
 
 
 def table_with(task_id: str, *callbacks: Any) -> tuple[WatchTable, Watch]:
     table = WatchTable()
-    watch = Watch(concurrent.futures.Future(), f"chan-{task_id}".encode())
+    watch = Watch(concurrent.futures.Future())
     watch.on_state.extend(callbacks)
     table.watches[task_id] = watch
-    table.by_channel[watch.channel] = task_id
     return table, watch
 
 
@@ -120,8 +121,8 @@ def listener() -> Iterator[ResultListener]:
     # Nothing listens on port 1: the listener thread keeps retrying its connection while
     # the bookkeeping under test runs in the caller's thread.
     made = ResultListener(
-        "redis://127.0.0.1:1/0",
-        lambda task_id: f"celery-task-meta-{task_id}".encode(),
+        lambda: async_redis_client("redis://127.0.0.1:1/0", Settings()),
+        lambda task_id: f"celery-task-meta-{task_id}",
         reply_channel="toolfleet:reply:test",
     )
     yield made
@@ -131,8 +132,8 @@ def listener() -> Iterator[ResultListener]:
 def test_given_two_watches_of_one_call_when_released_once_then_still_watched(
     listener: ResultListener,
 ) -> None:
-    first = listener.watch(["t1"], subscribe=False)
-    second = listener.watch(["t1"], subscribe=False)
+    first = listener.watch(["t1"])
+    second = listener.watch(["t1"])
     assert first["t1"] is second["t1"]
 
     listener.release("t1")
@@ -149,7 +150,7 @@ def test_given_release_of_unknown_call_then_nothing_happens(listener: ResultList
 
 
 def test_given_closed_listener_when_watching_then_refused(listener: ResultListener) -> None:
-    futures = listener.watch(["t1", "t2"], subscribe=False)
+    futures = listener.watch(["t1", "t2"])
     listener.close()
 
     assert all(f.cancelled() for f in futures.values())

@@ -1,25 +1,27 @@
 """The fence of a call: which of its attempts may start it, and which may store its result.
 
 A call whose worker lease lapsed (:mod:`tool_workers.celery_ext.lease`) is handed on: its
-message goes back to the queue while the first attempt may still be running on a worker that is only
-unreachable. Each delivery a worker takes carries its *holding* (the worker's held key
+message goes back to the queue while the first attempt may still be running on a worker
+that is only unreachable. Each delivery a worker takes carries its *holding* (the worker's held key
 and the delivery tag, in the in-memory header :data:`HOLDING_HEADER`), and:
 
 * a delivery starts only while its holding is still recorded (a worker that comes back
   with a prefetched call that was handed on meanwhile does not start it);
-* the attempt that starts writes its holding token to the call's fence key, in the round
-  trip that counts the start;
+* the attempt that starts writes its holding token to the call's marker (its fence,
+  :mod:`tool_workers.contract.marker`), in the round trip that counts the start;
 * a state is stored only by the attempt named in the fence (the result store's Lua script,
-  :mod:`tool_workers.celery_ext.backend`): the attempt that started last. A worker that comes back
-  after the call started elsewhere cannot overwrite that attempt's result; a call that
-  finished during a cut stores its result on the heal when no other attempt started it
-  meanwhile, and is answered with it.
+  :mod:`tool_workers.celery_ext.backend`): the attempt that started last. A worker that
+  comes back after the call started elsewhere cannot overwrite that attempt's result; a
+  call that finished during a cut stores its result on the heal when no other attempt
+  started it meanwhile, and is answered with it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from tool_workers.contract.marker import LUA_READ, marker_key
 
 HOLDING_HEADER = "toolfleet_holding"
 """Message header the worker sets on each delivery it takes: ``[held key, delivery tag]``.
@@ -33,23 +35,9 @@ HELD = "held:"
 
 
 def held_key(key_prefix: str, lease_id: str) -> str:
-    """Hash of the calls a lease holds: delivery tag -> ``[task id, message, queues]``."""
+    """Hash of the calls a lease holds: delivery tag -> ``[task id, queue list key]`` (the
+    message itself is in kombu's ``unacked`` hash)."""
     return f"{key_prefix}{HELD}{lease_id}"
-
-
-def fence_key(key_prefix: str, task_id: str) -> str:
-    """The holding token of the attempt that started a call last (the one that may store)."""
-    return f"{key_prefix}fence:{task_id}"
-
-
-def handed_on_key(key_prefix: str, task_id: str) -> str:
-    """Set when a call was taken from a lapsed lease: its worker was lost or unreachable."""
-    return f"{key_prefix}handed-on:{task_id}"
-
-
-def fence_of(held: str, task_id: str) -> str:
-    """The fence key of ``task_id``, in the key space of the held key ``held``."""
-    return fence_key(held.rsplit(HELD, 1)[0], task_id)
 
 
 def holding_token(held: str, tag: str) -> str:
@@ -69,21 +57,36 @@ def holding_of(request: Any) -> tuple[str, str] | None:
     return None
 
 
-# KEYS: start counter, revocation record, held hash (or ''), fence (or ''), handed-on
-# record. ARGV: lifetime of the records (s), delivery tag, holding token.
-# Returns {starts (-1: the holding was taken, not started), revoked, handed-on lease}.
-START_SCRIPT = """
-if KEYS[3] ~= '' and redis.call('HEXISTS', KEYS[3], ARGV[2]) == 0 then
+START_SCRIPT = (
+    LUA_READ
+    + """
+-- KEYS: the call's marker, the held hash (or '').
+-- ARGV: the marker's lifetime (s), delivery tag, holding token (or ''), the channel to
+-- announce the start on (or ''), the STARTED state to announce, worker name, pid.
+-- Returns {starts (-1: the holding was handed on, not started), revoked, handed-on lease}.
+if KEYS[2] ~= '' and redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then
     return {-1, 0, ''}
 end
-local starts = redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-if KEYS[4] ~= '' then
-    redis.call('SET', KEYS[4], ARGV[3], 'EX', ARGV[1])
+local marker = read_marker(KEYS[1]) or {}
+local starts = (tonumber(marker['n']) or 0) + 1
+marker['n'] = starts
+if ARGV[3] ~= '' then
+    marker['f'] = ARGV[3]
 end
-local handed = redis.call('GET', KEYS[5]) or ''
-return {starts, redis.call('EXISTS', KEYS[2]), handed}
+marker['w'] = {ARGV[6], tonumber(ARGV[7])}
+redis.call('SET', KEYS[1], cjson.encode(marker), 'EX', ARGV[1])
+local revoked = marker['r'] and 1 or 0
+if revoked == 0 and ARGV[4] ~= '' then
+    redis.call('PUBLISH', ARGV[4], ARGV[5])
+end
+return {starts, revoked, marker['h'] or ''}
 """
+)
+"""One delivery's start, in one round trip: refused when its holding was handed on (the
+worker was cut off and its lease lapsed); otherwise counted in the call's marker, which
+names this attempt as the one that may store (the fence), read for a cancellation and
+a hand-on, and announced on the caller's reply channel. The marker also names the worker
+and process that started it (operators, and the fault tests, read it there)."""
 
 
 @dataclass(frozen=True)
@@ -105,21 +108,33 @@ class Start:
 
 def start_args(
     key_prefix: str,
-    run_marker: str,
-    revoked: str,
     task_id: str,
-    expires: int,
+    lifetime: int,
     request: Any,
+    announce: str,
+    started: str,
+    worker: str = "",
+    pid: int = 0,
 ) -> tuple[list[str], list[Any]]:
-    """Keys and arguments of :data:`START_SCRIPT` for one delivery."""
+    """Keys and arguments of :data:`START_SCRIPT` for one delivery.
+
+    Args:
+        key_prefix: toolfleet's key prefix.
+        task_id: The call.
+        lifetime: Seconds the marker lives past this start (the redelivery window).
+        request: Celery's request of the delivery (its holding, if the worker has a lease).
+        announce: The channel the start is announced on (``""``: not announced).
+        started: The STARTED state to announce (JSON).
+        worker: The worker's node name.
+        pid: The process that runs the call.
+    """
     holding = holding_of(request)
-    held, fence, tag, token = "", "", "", ""
+    held, tag, token = "", "", ""
     if holding is not None:
         held, tag = holding
-        fence = fence_of(held, task_id)
         token = holding_token(held, tag)
-    keys = [run_marker, revoked, held, fence, handed_on_key(key_prefix, task_id)]
-    return keys, [expires, tag, token]
+    keys = [marker_key(key_prefix, task_id), held]
+    return keys, [lifetime, tag, token, announce, started if announce else "", worker, pid]
 
 
 def parse_start(reply: Any) -> Start:

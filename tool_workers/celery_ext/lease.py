@@ -7,18 +7,18 @@ policy). Instead, each worker process holds a *lease* in Redis, renewed every
 ``TOOLFLEET_LEASE_REFRESH`` seconds from a thread of its own (a busy or stalled consumer
 loop does not make a live worker look dead) and lapsing ``TOOLFLEET_LEASE_TTL`` seconds
 after the last renewal. Next to it, the worker records every call it holds (reserved or
-running: one entry per delivery tag, written in the round trip where kombu records the
-delivery as unacknowledged), with a copy of the message ready to be queued again.
+running: one entry per delivery tag, its task id and queue, written in the round trip
+where kombu records the delivery as unacknowledged; the message itself is kombu's copy).
 
 Every worker also sweeps: in one Lua script (atomic, so two sweepers never move one call
 twice, and kombu's own restore never also restores it) it takes the holdings of every
-lease that lapsed, moves each message still unacknowledged back to the head of its queue,
-and records that the call was handed on (:func:`tool_workers.celery_ext.fence.handed_on_key`). The
+lease that lapsed, moves each message still unacknowledged back to its queue, and records
+in the call's marker that it was handed on (:mod:`tool_workers.contract.marker`). The
 visibility timeout stays as the last resort, for calls whose holdings record was lost.
 
 Which attempt of a handed-on call may start it and store its result is the fence's
-(:mod:`tool_workers.celery_ext.fence`). A worker that comes back after its lease lapsed learns it
-from its next renewal: it stops its executions that another attempt has since started,
+(:mod:`tool_workers.celery_ext.fence`). A worker that comes back after its lease lapsed
+learns it from its next renewal: it stops its executions that another attempt has since started,
 takes a new lease, and never acknowledges a delivery it no longer holds (the message,
 under the same tag, now belongs to another worker).
 """
@@ -35,8 +35,9 @@ from typing import Any
 import redis
 from celery.worker import state as worker_state
 
-from tool_workers.celery_ext.fence import HOLDING_HEADER, fence_key, held_key, holding_token
+from tool_workers.celery_ext.fence import held_key, holding_token
 from tool_workers.contract.connections import redis_client
+from tool_workers.contract.marker import LUA_READ, CallMarker, marker_key
 from tool_workers.contract.settings import Settings
 
 log = logging.getLogger("toolfleet.worker")
@@ -65,9 +66,12 @@ redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return 1
 """
 
-# KEYS: leases zset, kombu's unacked hash, kombu's unacked index. ARGV: key prefix,
-# records' lifetime (s), batch size. Returns the task ids moved back to their queues.
-_SWEEP = """
+_SWEEP = (
+    LUA_READ
+    + """
+-- KEYS: leases zset, kombu's unacked hash, kombu's unacked index.
+-- ARGV: key prefix, lifetime of a marker that is gone (s), batch size.
+-- Returns the task ids moved back to their queues.
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ms, 'LIMIT', 0, tonumber(ARGV[3]))
@@ -80,14 +84,30 @@ for _, id in ipairs(lapsed) do
         local ok, entry = pcall(cjson.decode, entries[i + 1])
         -- Only a delivery still unacknowledged: an acked one is done, and one kombu
         -- restored already is on its queue.
-        if ok and type(entry) == 'table' and redis.call('HEXISTS', KEYS[2], tag) == 1 then
+        local raw = redis.call('HGET', KEYS[2], tag)
+        if ok and type(entry) == 'table' and raw then
             redis.call('HDEL', KEYS[2], tag)
             redis.call('ZREM', KEYS[3], tag)
-            for _, queue in ipairs(entry[3]) do
-                redis.call('RPUSH', queue, entry[2])
+            local decoded, unacked = pcall(cjson.decode, raw)
+            local payload = decoded and type(unacked) == 'table' and unacked[1]
+            if type(payload) == 'table' then
+                -- Marked redelivered, as kombu marks a message it restores.
+                if type(payload['headers']) == 'table' then
+                    payload['headers']['redelivered'] = true
+                end
+                local props = payload['properties']
+                if type(props) == 'table' and type(props['delivery_info']) == 'table' then
+                    props['delivery_info']['redelivered'] = true
+                end
+                redis.call('RPUSH', entry[2], cjson.encode(payload))
+                local key = ARGV[1] .. 'call:' .. entry[1]
+                local marker = read_marker(key) or {}
+                marker['h'] = id
+                local ttl = redis.call('TTL', key)
+                if ttl < 1 then ttl = tonumber(ARGV[2]) end
+                redis.call('SET', key, cjson.encode(marker), 'EX', ttl)
+                table.insert(moved, entry[1])
             end
-            redis.call('SET', ARGV[1] .. 'handed-on:' .. entry[1], id, 'EX', ARGV[2])
-            table.insert(moved, entry[1])
         end
     end
     redis.call('DEL', held)
@@ -95,6 +115,10 @@ for _, id in ipairs(lapsed) do
 end
 return moved
 """
+)
+"""Hands on the calls of every lapsed lease, atomically: each delivery still
+unacknowledged goes back to its queue (the message from kombu's ``unacked`` hash), and
+its marker records which lease it was taken from."""
 
 
 # KEYS: the held hash the delivery was recorded in, kombu's unacked hash and index.
@@ -297,13 +321,13 @@ class Lease:
             task: holding_token(held_key(self.key_prefix, lease_id), tag)
             for tag, task in lost.items()
         }
-        fences = self.client.mget([fence_key(self.key_prefix, task) for task in tokens])
+        markers = self.client.mget([marker_key(self.key_prefix, task) for task in tokens])
         # A call no other attempt started yet may still store its result here.
-        stale = [
-            task
-            for (task, token), fence in zip(tokens.items(), fences, strict=True)
-            if fence is not None and _text(fence) != token
-        ]
+        stale = []
+        for (task, token), raw in zip(tokens.items(), markers, strict=True):
+            marker = CallMarker.parse(raw)
+            if marker is not None and marker.fence and marker.fence != token:
+                stale.append(task)
         log.warning(
             "this worker's lease lapsed while it was unreachable: its %d call(s) were "
             "requeued (%s); stopping the %d another worker has started",
@@ -315,22 +339,9 @@ class Lease:
             self._to_stop.extend(stale)
 
 
-def queued_copy(raw: dict[str, Any]) -> str:
-    """The message as kombu would queue it again: marked redelivered, JSON."""
-    copy = json.loads(json.dumps(raw))
-    headers = copy.get("headers")
-    if isinstance(headers, dict):
-        headers["redelivered"] = True
-        headers.pop(HOLDING_HEADER, None)
-    properties = copy.get("properties")
-    if isinstance(properties, dict) and isinstance(properties.get("delivery_info"), dict):
-        properties["delivery_info"]["redelivered"] = True
-    return json.dumps(copy)
-
-
-def held_entry(task_id: str, raw: dict[str, Any], queues: list[str]) -> str:
-    """The holdings entry of one delivery: ``[task id, queued copy, queue list keys]``."""
-    return json.dumps([task_id, queued_copy(raw), queues])
+def held_entry(task_id: str, queue_key: str) -> str:
+    """The holdings entry of one delivery: ``[task id, its queue's list key]``."""
+    return json.dumps([task_id, queue_key])
 
 
 def _text(value: Any) -> str:

@@ -10,7 +10,6 @@ from typing import Any
 
 from celery import Celery
 
-from tool_workers.celery_ext.transport import install as install_transport
 from tool_workers.contract.amqp import AMQP_CLASS, amqp_config
 from tool_workers.contract.connections import celery_tls_config, keepalive_options
 from tool_workers.contract.names import task_name
@@ -96,6 +95,8 @@ def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
         # rediss:// URLs: the certificate checks of TOOLFLEET_REDIS_SSL_*.
         **celery_tls_config(settings),
         "worker_consumer": "tool_workers.celery_ext.consumer:ToolfleetConsumer",
+        # toolfleet's own keys (the calls' markers) beside Celery's.
+        "toolfleet_key_prefix": settings.key_prefix,
     }
 
 
@@ -141,7 +142,6 @@ def create_app(
         A configured Celery app.
     """
     policies = policies if policies is not None else settings.policies()
-    install_transport()
     # RabbitMQ has no key prefix: its queue table names the namespace's queues itself.
     amqp = AMQP_CLASS if settings.broker_is_amqp else None
     app = Celery(main, set_as_current=False, amqp=amqp)

@@ -25,6 +25,15 @@ import redis.asyncio as aioredis
 
 from tool_workers.contract.settings import Settings
 
+try:  # redis-py 7.2 and later: the client's name and version sent on connect (CLIENT SETINFO)
+    from redis.driver_info import DriverInfo
+except ImportError:  # earlier releases read their version once, at import
+    _IDENTITY: dict[str, Any] = {}
+else:
+    # Read once, here: a client made without it reads the package's metadata (a file) for
+    # every connection it opens, on whatever thread or event loop opens it.
+    _IDENTITY = {"driver_info": DriverInfo()}
+
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 
 # A run of characters that can end in the ``@`` of a userinfo: no ``@``, no whitespace.
@@ -110,7 +119,11 @@ def redis_connection_kwargs(url: str, settings: Settings) -> dict[str, Any]:
 def _client_kwargs(url: str, settings: Settings, kwargs: dict[str, Any]) -> dict[str, Any]:
     # Health checks PING a connection idle for this long before using it again, so a
     # connection that died while idle is replaced before a command waits on it.
-    defaults = {"socket_keepalive": True, "health_check_interval": settings.socket_timeout}
+    defaults = {
+        "socket_keepalive": True,
+        "health_check_interval": settings.socket_timeout,
+        **_IDENTITY,
+    }
     return {
         **defaults,
         **socket_options(settings),

@@ -44,9 +44,6 @@ def task_id_for(key: str) -> str:
 REPLY_CHANNEL_MARK = "toolfleet:reply:"
 """Reply channels contain this; other ``reply_to`` values (Celery's defaults) are ignored."""
 
-IDLE_CHANNEL = "toolfleet-listener-idle"
-"""Channel a result listener without a reply channel subscribes, to keep its connection."""
-
 
 def reply_channel(key_prefix: str, token: str) -> str:
     """The channel one orchestrator process hears every state and progress batch on."""
@@ -68,26 +65,6 @@ def server_key_prefix(key_prefix: str) -> str:
     return f"{key_prefix}server:"
 
 
-def call_marker_key(key_prefix: str, task_id: str) -> str:
-    """Redis key set (``SET NX``) when a call is dispatched: guards against double sends."""
-    return f"{key_prefix}sent:{task_id}"
-
-
-def run_marker_key(key_prefix: str, task_id: str) -> str:
-    """Redis key a worker sets when it starts a call: detects redeliveries."""
-    return f"{key_prefix}started:{task_id}"
-
-
-def revoked_key(key_prefix: str, task_id: str) -> str:
-    """Redis key set when a call is cancelled: a worker starting it later does not run it.
-
-    Celery's revoke is a broadcast to the workers alive at that moment; this record
-    outlives it (for at least the result lifetime), so a worker that was down, or starts
-    after the cancellation, still refuses the call.
-    """
-    return f"{key_prefix}revoked:{task_id}"
-
-
 def worker_registry_key(key_prefix: str, worker: str) -> str:
     """Redis key where one worker publishes the tools it serves."""
     return f"{key_prefix}workers:{worker}"
@@ -107,3 +84,23 @@ def worker_processes_key(key_prefix: str, worker: str) -> str:
 def worker_registry_pattern(key_prefix: str) -> str:
     """``SCAN`` pattern matching every worker's registry key."""
     return f"{key_prefix}workers:*"
+
+
+RESULT_KEY_PREFIX = "celery-task-meta-"
+"""Celery's Redis result backend keeps a task's state under this and its task id."""
+
+
+def broker_prefix(namespace: str) -> str:
+    """The key prefix kombu and Celery put before their Redis keys (``global_keyprefix``)."""
+    return f"{namespace}:" if namespace else ""
+
+
+def result_key(namespace: str, task_id: str) -> str:
+    """The Redis key of a call's Celery result (``celery-task-meta-<id>``, namespaced)."""
+    return f"{broker_prefix(namespace)}{RESULT_KEY_PREFIX}{task_id}"
+
+
+def queue_key(namespace: str, queue: str) -> str:
+    """The Redis list a queue's messages wait on (kombu's Redis transport, default
+    priority)."""
+    return f"{broker_prefix(namespace)}{queue}"

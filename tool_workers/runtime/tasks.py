@@ -8,21 +8,19 @@ shows in Flower.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from typing import Any
 
-from celery import Celery, Task, states
+from celery import Celery, Task
 from langchain_core.tools import BaseTool
 from pydantic import ValidationError
 
-from tool_workers.celery_ext.backend import (
-    ToolfleetRedisBackend,
-    execute_pipeline,
-    reply_channel_of,
-)
+from tool_workers.celery_ext.backend import reply_channel_of, state_meta
 from tool_workers.celery_ext.fence import START_SCRIPT, Start, parse_start, start_args
+from tool_workers.contract.broker import RESTORE_INTERVAL, visibility_timeout
 from tool_workers.contract.models import (
     PROTOCOL_VERSION,
     ToolRequest,
@@ -30,7 +28,7 @@ from tool_workers.contract.models import (
     ToolSpec,
     error_text,
 )
-from tool_workers.contract.names import revoked_key, run_marker_key, task_name
+from tool_workers.contract.names import task_name
 from tool_workers.contract.settings import Settings, ToolPolicies, ToolPolicy
 from tool_workers.contract.signing import refused_request_text, request_problem, sign_result
 from tool_workers.contract.store import store_for
@@ -73,9 +71,11 @@ def register_tools(
 ) -> dict[str, ToolSpec]:
     """Register a ``tools.<name>`` task for each tool; return their specs by name."""
     specs: dict[str, ToolSpec] = {}
+    # A call's marker outlives its last start by the longest a redelivery can take.
+    lifetime = int(visibility_timeout(policies, settings.redelivery_margin) + RESTORE_INTERVAL)
     for tool in tools:
         policy = policies.for_tool(tool.name)
-        _register(app, tool, settings, policy)
+        _register(app, tool, settings, policy, lifetime)
         specs[tool.name] = tool_spec(tool, policy)
     return specs
 
@@ -87,7 +87,9 @@ def _is_transient(exc: BaseException, names: tuple[str, ...]) -> bool:
     return False
 
 
-def _register(app: Celery, tool: BaseTool, settings: Settings, policy: ToolPolicy) -> None:
+def _register(
+    app: Celery, tool: BaseTool, settings: Settings, policy: ToolPolicy, lifetime: int
+) -> None:
     limits = Limits(
         max_arg_bytes=policy.max_arg_bytes or settings.max_arg_bytes,
         max_result_bytes=policy.max_result_bytes or settings.max_result_bytes,
@@ -95,7 +97,6 @@ def _register(app: Celery, tool: BaseTool, settings: Settings, policy: ToolPolic
     )
     transient_names = policy.retry_on if policy.retries else ()
     key_prefix = settings.key_prefix
-    expires = settings.result_expires
     needs_store = injected_args_of(tool).store is not None
     signing_key = settings.signing_key
     own_task = task_name(tool.name)
@@ -152,7 +153,9 @@ def _register(app: Celery, tool: BaseTool, settings: Settings, policy: ToolPolic
             return seal(self.request.id, mismatch.model_dump(mode="json"))
 
         attempt = self.request.retries + 1
-        refusal = _check_delivery(self, key_prefix, expires, attempt, tool.name, policy, worker)
+        refusal = _check_delivery(
+            self, key_prefix, lifetime, attempt, tool.name, policy, worker, request.progress
+        )
         if refusal is not None:
             return seal(self.request.id, refusal)
 
@@ -241,6 +244,15 @@ def _decode(raw: Any, tool: str, worker: str) -> ToolRequest | ToolResult:
         )
 
 
+def _start_script(backend: Any) -> Any:
+    """The start script, registered on the backend's client (loaded on its first use)."""
+    script = getattr(backend, "_toolfleet_start", None)
+    if script is None:
+        script = backend.client.register_script(START_SCRIPT)
+        backend._toolfleet_start = script
+    return script
+
+
 def _how_lost(start: Start) -> str:
     if start.handed_on:
         return "its worker was lost or became unreachable (it stopped renewing its lease)"
@@ -250,39 +262,37 @@ def _how_lost(start: Start) -> str:
 def _check_delivery(
     task: Task,
     key_prefix: str,
-    expires: int,
+    lifetime: int,
     attempt: int,
     tool: str,
     policy: ToolPolicy,
     worker: str,
+    announce: bool,
 ) -> dict[str, Any] | None:
     """Count this start; refuse a cancelled call, or a redelivery that must not run
     (returns the result to give).
 
-    A call cancelled by the orchestrator has a revocation record
-    (:func:`~tool_workers.contract.revoked_key`); it is answered ``cancelled`` and never
-    run. Every start of a call increments a counter. Celery retries raise the attempt number,
-    so ``starts - attempt`` is how many times a worker died under this call.
+    One round trip (:data:`~tool_workers.celery_ext.fence.START_SCRIPT`) counts the
+    start in the call's marker (fenced: only a delivery still held starts), reads whether
+    the call was cancelled or handed on, and announces STARTED on the caller's reply
+    channel when the caller asked for progress. A cancelled call is answered
+    ``cancelled`` and never run. Celery retries raise the attempt number, so ``starts -
+    attempt`` is how many times a worker died under this call.
     """
     task_id = task.request.id
-    backend = task.backend
-    started = {"pid": os.getpid(), "hostname": worker}
-    keys, args = start_args(
-        key_prefix,
-        run_marker_key(key_prefix, task_id),
-        revoked_key(key_prefix, task_id),
-        task_id,
-        expires,
-        task.request,
+    channel = reply_channel_of(task.request) if announce else ""
+    started = (
+        json.dumps(
+            state_meta(task_id, {"pid": os.getpid(), "hostname": worker}, "STARTED", None, None),
+            separators=(",", ":"),
+        )
+        if channel
+        else ""
     )
-    # One round trip: count the start (fenced: only a delivery still held), read whether
-    # the call was cancelled, and record (and announce) STARTED.
-    with backend.client.pipeline(transaction=False) as pipe:
-        pipe.eval(START_SCRIPT, len(keys), *keys, *args)
-        if isinstance(backend, ToolfleetRedisBackend):
-            backend.store_in(pipe, task_id, started, states.STARTED, request=task.request)
-        reply, *_ = execute_pipeline(pipe)
-    start = parse_start(reply)
+    keys, args = start_args(
+        key_prefix, task_id, lifetime, task.request, channel, started, worker, os.getpid()
+    )
+    start = parse_start(_start_script(task.backend)(keys=keys, args=args))
     if start.stale:
         # Handed on to another worker while this one was unreachable; whatever this
         # returns is not stored (the fence names the other attempt).
@@ -292,8 +302,6 @@ def _check_delivery(
             f"Error: the call to '{tool}' was handed on to another worker.",
             worker=worker,
         ).model_dump(mode="json")
-    if not isinstance(backend, ToolfleetRedisBackend):
-        backend.store_result(task_id, started, states.STARTED, request=task.request)
     if start.revoked:
         # Cancelled while no live worker heard Celery's revoke broadcast.
         log.warning("call %s to %s was cancelled before it started; not running it", task_id, tool)

@@ -23,6 +23,7 @@ from tool_workers.celery_ext.event_loop import LimitWatchdog, spare_storing_call
 from tool_workers.celery_ext.lease import Lease, start_lease, stop_stale_calls
 from tool_workers.celery_ext.redaction import quiet_celery_trace
 from tool_workers.celery_ext.soft_limit import mark, share_phases
+from tool_workers.celery_ext.transport import install as install_transport
 from tool_workers.contract.amqp import plain_queue_name
 from tool_workers.contract.broker import create_app, visibility_timeout
 from tool_workers.contract.connections import redis_client
@@ -49,6 +50,9 @@ def _start() -> tuple[Settings, Celery, dict[str, ToolSpec]]:
         # login from the environment itself.
         refuse_placeholders(settings, os.environ)
         policies = settings.policies()
+        # Before the app connects: the worker's Redis transport (bad entries dropped,
+        # deliveries held under the lease).
+        install_transport()
         app = create_app(settings, policies)
         specs = register_tools(app, load_tools(settings), settings, policies)
     except ValidationError as exc:

@@ -1,0 +1,158 @@
+"""A call's task message, as Celery's own client would publish it.
+
+A tool call is one message of Celery's task protocol 2 (documented in Celery's
+*Message Protocol*): headers naming the task, its id and the call's line for Flower
+(``argsrepr``), properties naming the reply channel, and a JSON body ``[args, kwargs,
+embed]`` whose one argument is the :class:`~tool_workers.contract.models.ToolRequest`.
+:func:`task_message` builds it without going through a Celery app: it is pure
+and cheap, and its fields are what ``app.amqp.create_task_message`` gives
+(``tests/unit/test_envelope_build.py`` compares the two field by field).
+
+On a Redis broker the message is pushed onto the queue's list by the publisher's script,
+in the envelope kombu's Redis transport reads (:func:`redis_envelope`): the same one
+kombu writes, except that the body is JSON text instead of base64 (kombu reads a body
+without ``body_encoding`` as it is). On RabbitMQ it goes through a kombu producer.
+
+Celery's ``before_task_publish`` and ``after_task_publish`` signals are sent around each
+publication when something listens (OpenTelemetry's Celery instrumentation starts its
+publish span there and writes its ``traceparent`` into the headers).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from celery import signals
+
+from orchestrator.call import PreparedCall
+from orchestrator.tracing import message_headers
+from tool_workers.contract.names import task_name
+from tool_workers.contract.signing import sign_request
+
+EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+"""The third item of a protocol 2 body: a tool call has no callbacks, chain or chord."""
+
+_ORIGIN: list[str] = []
+
+
+def origin() -> str:
+    """This process as Celery names a client in the ``origin`` header (``gen<pid>@host``)."""
+    pid = os.getpid()
+    if not _ORIGIN or not _ORIGIN[0].startswith(f"gen{pid}@"):  # a forked child renames
+        _ORIGIN[:] = [f"gen{pid}@{socket.gethostname()}"]
+    return _ORIGIN[0]
+
+
+@dataclass(slots=True)
+class TaskMessage:
+    """One call's task message: Celery protocol 2 headers, properties and body."""
+
+    name: str
+    """The task name, ``tools.<tool>``."""
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    body: list[Any]
+    """``[args, kwargs, embed]``."""
+
+
+def task_message(call: PreparedCall, reply_to: str, signing_key: str | None = None) -> TaskMessage:
+    """The task message of ``call``, answered on ``reply_to``.
+
+    Args:
+        call: The call.
+        reply_to: The channel the worker reports the call's states on.
+        signing_key: ``TOOLFLEET_SIGNING_KEY``: the request is signed with it.
+    """
+    name = task_name(call.tool)
+    request = call.request().to_wire()
+    if signing_key:
+        request = sign_request(signing_key, call.task_id, name, request)
+    expires = (
+        datetime.datetime.fromtimestamp(call.expires_at, tz=datetime.UTC).isoformat()
+        if call.expires_at is not None
+        else None
+    )
+    headers: dict[str, Any] = {
+        "lang": "py",
+        "task": name,
+        "id": call.task_id,
+        "shadow": None,
+        "eta": None,
+        "expires": expires,
+        "group": None,
+        "group_index": None,
+        "retries": 0,
+        "timelimit": [None, None],
+        "root_id": call.task_id,
+        "parent_id": None,
+        # Flower and logs show which call this is, never the arguments (secrets, size).
+        "argsrepr": f"({call.tool} call={call.call_id} thread={call.thread_id or '-'})",
+        "kwargsrepr": "{}",
+        "origin": origin(),
+        "ignore_result": False,
+        "replaced_task_nesting": 0,
+        "stamped_headers": None,
+        "stamps": {},
+        # The W3C trace headers: Celery's OpenTelemetry instrumentation on the worker
+        # takes its parent from them.
+        **message_headers(call.trace),
+    }
+    properties = {"correlation_id": call.task_id, "reply_to": reply_to}
+    return TaskMessage(name, headers, properties, [[request], {}, EMBED])
+
+
+def redis_envelope(message: TaskMessage, queue: str) -> str:
+    """The message as kombu's Redis transport keeps it on the list ``queue`` (JSON text).
+
+    Addressed to the default exchange with the queue as routing key, as Celery addresses
+    a message routed by queue: kombu gives it back to that queue when it restores it.
+    """
+    return json.dumps(
+        {
+            "body": json.dumps(message.body, separators=(",", ":")),
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": message.headers,
+            "properties": {
+                **message.properties,
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "priority": 0,
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        },
+        separators=(",", ":"),
+    )
+
+
+def before_publish(message: TaskMessage, queue: str) -> None:
+    """Celery's ``before_task_publish``, when anything listens (it may add headers)."""
+    if signals.before_task_publish.receivers:
+        signals.before_task_publish.send(
+            sender=message.name,
+            body=message.body,
+            exchange="",
+            routing_key=queue,
+            declare=[],
+            headers=message.headers,
+            properties=message.properties,
+            retry_policy=None,
+        )
+
+
+def after_publish(message: TaskMessage, queue: str) -> None:
+    """Celery's ``after_task_publish``, when anything listens."""
+    if signals.after_task_publish.receivers:
+        signals.after_task_publish.send(
+            sender=message.name,
+            body=message.body,
+            headers=message.headers,
+            exchange="",
+            routing_key=queue,
+        )
