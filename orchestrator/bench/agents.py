@@ -21,7 +21,7 @@ from langchain.agents.middleware import AgentMiddleware, hook_config
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.tools import BaseTool
 
-from orchestrator.dispatch.celery import CeleryDispatcher
+from orchestrator.dispatch.dispatcher import CeleryDispatcher
 from orchestrator.middleware import CeleryToolMiddleware
 from orchestrator.scripted import ScriptedChatModel, tool_calls_message
 from orchestrator.tools import discover_tools
@@ -78,6 +78,22 @@ def looping_model(tool: str, args: dict[str, Any], window: Window) -> ScriptedCh
     def policy(messages: Sequence[BaseMessage]) -> AIMessage:
         if time.perf_counter() < window.end:
             return tool_calls_message([(tool, args)])
+        return AIMessage(content="done")
+
+    return ScriptedChatModel(policy=policy)
+
+
+def turns_model(calls: Sequence[tuple[str, dict[str, Any]]], turns: int) -> ScriptedChatModel:
+    """Calls ``calls`` in one AIMessage per turn for ``turns`` turns, then answers.
+
+    The turn is counted from the conversation, not kept in the model, so one agent can
+    serve many concurrent runs.
+    """
+
+    def policy(messages: Sequence[BaseMessage]) -> AIMessage:
+        done = sum(1 for m in messages if isinstance(m, AIMessage) and m.tool_calls)
+        if done < turns:
+            return tool_calls_message(calls)
         return AIMessage(content="done")
 
     return ScriptedChatModel(policy=policy)

@@ -187,6 +187,7 @@ def sections(report: dict[str, Any]) -> list[Section]:
         )
         out.append((title, ["workers", "tool phase", "calls/s", "ideal", "vs 1 worker"], rows))
     out.extend(_links_sections(scenarios.get("links", {})))
+    out.extend(_cost_sections(scenarios.get("cost", {})))
     errors = [[name, s["error"]] for name, s in scenarios.items() if "error" in s]
     if errors:
         out.append(("Scenarios that did not finish", ["scenario", "error"], errors))
@@ -242,6 +243,119 @@ def _links_sections(links: dict[str, Any]) -> list[Section]:
             "f. Round trips per call, counted by the delay proxies, by Redis commands",
             ["added delay", "side", "commands", "per call"],
             kinds,
+        )
+    )
+    return out
+
+
+COST_LABELS = {
+    "celery_raw": "raw Celery",
+    "toolfleet_async": "toolfleet ainvoke",
+    "toolfleet_sync": "toolfleet invoke",
+}
+COST_TOP_COMMANDS = 12
+
+
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} x"
+
+
+def _cost_sections(cost: dict[str, Any]) -> list[Section]:
+    if "contenders" not in cost:
+        return []
+    contenders, versus = cost["contenders"], cost["versus_raw"]
+    rows = []
+    for key, label in COST_LABELS.items():
+        c = contenders[key]
+        cpu = c["cpu_ms_per_call"]
+        vs = versus.get(key)
+        rows.append(
+            [
+                label,
+                f"{c['commands_per_call']:.2f}",
+                f"{c['bytes_per_call']:.0f}",
+                *(f"{cpu[part]:.3f}" for part in ("orchestrator", "workers", "server", "total")),
+                f"{c['calls_per_second']:.0f}",
+                *(
+                    (
+                        f"{vs['commands_difference_per_call']:+.2f}",
+                        _times(vs["bytes_ratio"]),
+                        _times(vs["throughput_ratio"]),
+                        _times(vs["cpu_ratio"]["total"]),
+                    )
+                    if vs
+                    else ("-", "-", "-", "-")
+                ),
+            ]
+        )
+    title = (
+        f"g. Cost per call: {cost['runs']} concurrent runs of {cost['turns']} turns x "
+        f"{cost['width']} parallel calls (raw Celery: send_task + get on threads), "
+        f"{cost['pool']} pool of {cost['concurrency']} per fleet, "
+        f"{contenders['celery_raw']['calls']} calls each in {cost['rounds']} round(s); "
+        "CPU in ms per call"
+    )
+    headers = [
+        "",
+        "cmds/call",
+        "bytes/call",
+        "CPU orch.",
+        "CPU workers",
+        "CPU Redis",
+        "CPU total",
+        "calls/s",
+        "cmds vs raw",
+        "bytes vs raw",
+        "calls/s vs raw",
+        "CPU vs raw",
+    ]
+    out: list[Section] = [(title, headers, rows)]
+    idle = cost["idle"]
+    by_name = {key: contenders[key]["commands_by_name_per_call"] for key in COST_LABELS}
+    names: dict[str, float] = {}
+    for counts in by_name.values():
+        for name, count in list(counts.items())[:COST_TOP_COMMANDS]:
+            names[name] = max(names.get(name, 0.0), count)
+    order = sorted(names, key=lambda n: (-by_name["toolfleet_async"].get(n, 0.0), -names[n], n))
+    idle_names = idle["commands_by_name_per_second"]
+    rows = [
+        [
+            name,
+            *(f"{by_name[key][name]:.2f}" if name in by_name[key] else "-" for key in COST_LABELS),
+            f"{idle_names[name]:.2f}" if name in idle_names else "-",
+        ]
+        for name in order
+    ]
+    out.append(
+        (
+            f"g. Redis commands per call by command (the top {COST_TOP_COMMANDS} of each)",
+            ["command", *COST_LABELS.values(), "idle, per second"],
+            rows,
+        )
+    )
+    cpu = idle["cpu_ms_per_second"]
+    groups = ("orchestrator", "toolfleet_workers", "raw_workers", "server")
+    out.append(
+        (
+            "g. Idle background, both fleets up and no calls (per second; included above, "
+            "not subtracted)",
+            [
+                "",
+                "Redis cmds/s",
+                "bytes/s",
+                "CPU ms/s orch.",
+                "CPU ms/s toolfleet workers",
+                "CPU ms/s raw workers",
+                "CPU ms/s Redis",
+            ],
+            [
+                [
+                    f"idle, {idle['seconds']:.1f} s",
+                    f"{idle['commands_per_second']:.1f}",
+                    f"{idle['bytes_per_second']:.0f}",
+                    *(f"{cpu.get(group, 0.0):.2f}" for group in groups),
+                ]
+            ],
         )
     )
     return out

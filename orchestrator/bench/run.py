@@ -12,6 +12,8 @@ Benchmarks are not timed tests: they print tables and write a report. The scenar
 * e. ``scale``: a sleep-bound fan-out on 1, 2 and 4 worker processes.
 * f. ``links``: one call and a fan-out with 0, 20 and 50 ms of round-trip delay added
   between the hosts and Redis, with the round trips a call costs, counted.
+* g. ``cost``: Redis commands, bytes on the wire and CPU (orchestrator, workers, server)
+  per call, and calls per second, against a bare Celery app on the same server.
 
 It starts what it needs: an embedded server and ``celery worker`` processes (or only
 the workers, on the broker the settings name, with ``use_settings``), and stops them.
@@ -29,6 +31,7 @@ from typing import Any
 
 from rich.console import Console
 
+from orchestrator.bench.cost import run_cost
 from orchestrator.bench.fanout import run_dispatch_cost, run_fanout
 from orchestrator.bench.fleet import BenchFleet, load_average, machine_info
 from orchestrator.bench.latency import run_latency
@@ -53,10 +56,14 @@ SCENARIOS = {
     "d": "memory",
     "e": "scale",
     "f": "links",
+    "g": "cost",
 }
 """Scenario ids of the issue and their names (``--only`` takes either)."""
 
 REPORT_SCHEMA = 1
+
+OWN_WORKERS = ("scale", "links", "cost")
+"""Scenarios that start workers of their own and get the machine to themselves."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,13 @@ class Plan:
     links_seconds: float = 0.5
     links_repeats: int = 3
     links_concurrency: int = 64
+    cost_runs: int = 50
+    cost_turns: int = 5
+    cost_width: int = 4
+    cost_rounds: int = 3
+    cost_pool: str = "prefork"
+    cost_concurrency: int = 4
+    cost_idle_seconds: float = 2.0
     bound: float = 300.0
     """Seconds any one scenario may run before it is abandoned and reported as an error."""
 
@@ -118,6 +132,8 @@ QUICK = Plan(
     links_seconds=0.2,
     links_repeats=1,
     links_concurrency=8,
+    cost_runs=4,
+    cost_rounds=1,
     bound=60.0,
 )
 
@@ -166,7 +182,7 @@ def run_bench(
         )
         main = fleet.settings("main")
         main_workers = []
-        if any(name not in ("scale", "links") for name in wanted):
+        if any(name not in OWN_WORKERS for name in wanted):
             console.print(
                 f"starting {plan.fleet_workers} worker(s), threads pool of {plan.fleet_concurrency}"
             )
@@ -226,9 +242,20 @@ def run_bench(
                 repeats=plan.links_repeats,
                 concurrency=plan.links_concurrency,
             ),
+            "cost": lambda: run_cost(
+                fleet,
+                fleet.settings("cost"),
+                runs=plan.cost_runs,
+                turns=plan.cost_turns,
+                width=plan.cost_width,
+                rounds=plan.cost_rounds,
+                pool=plan.cost_pool,
+                concurrency=plan.cost_concurrency,
+                idle_seconds=plan.cost_idle_seconds,
+            ),
         }
         for name in wanted:
-            if name in ("scale", "links"):
+            if name in OWN_WORKERS:
                 # These scenarios' workers get the machine to themselves.
                 fleet.stop_workers(main_workers)
                 main_workers = []

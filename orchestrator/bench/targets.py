@@ -137,4 +137,52 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "",
             )
         )
+    out.extend(_cost_targets(scenarios.get("cost", {})))
+    return out
+
+
+COST_EXTRA_COMMANDS = 3.0
+"""Redis commands per call toolfleet may run beyond a bare Celery app's."""
+COST_BYTES_RATIO = 1.2
+COST_THROUGHPUT_RATIO = 0.9
+
+
+def _cost_targets(cost: dict[str, Any]) -> list[dict[str, Any]]:
+    if "contenders" not in cost:
+        return []
+    out = []
+    for mode, label in (("async", "ainvoke"), ("sync", "invoke")):
+        versus = cost["versus_raw"][f"toolfleet_{mode}"]
+        out.append(
+            _target(
+                f"g.commands.{mode}",
+                f"Redis commands per call beyond raw Celery's, {label}",
+                versus["commands_difference_per_call"],
+                "<=",
+                COST_EXTRA_COMMANDS,
+                "",
+            )
+        )
+        if versus["bytes_ratio"] is not None:
+            out.append(
+                _target(
+                    f"g.bytes.{mode}",
+                    f"bytes on the wire per call / raw Celery's, {label}",
+                    versus["bytes_ratio"],
+                    "<=",
+                    COST_BYTES_RATIO,
+                    "x",
+                )
+            )
+        if versus["throughput_ratio"] is not None:
+            out.append(
+                _target(
+                    f"g.throughput.{mode}",
+                    f"calls per second / raw Celery's, {cost['runs']} runs, {label}",
+                    versus["throughput_ratio"],
+                    ">=",
+                    COST_THROUGHPUT_RATIO,
+                    "x",
+                )
+            )
     return out

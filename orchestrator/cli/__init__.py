@@ -130,7 +130,7 @@ def bench(
     ] = False,
     only: Annotated[
         str | None,
-        typer.Option(help="Scenarios to run, comma-separated: a-e or latency, fanout, ..."),
+        typer.Option(help="Scenarios to run, comma-separated: a-g or latency, fanout, ..."),
     ] = None,
 ) -> None:
     """Measure toolfleet against a local ToolNode and raw Celery; print the results."""

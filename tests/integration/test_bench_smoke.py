@@ -87,10 +87,19 @@ def test_quick_bench_writes_a_complete_report(tmp_path: Path) -> None:
         trips = point["round_trips"]
         assert trips["orchestrator"] and trips["worker"], trips
         assert point["fanout_phase"]["sync"]["count"] == point["fanout_phase"]["async"]["count"]
+    cost = report["scenarios"]["cost"]
+    assert set(cost["contenders"]) == {"celery_raw", "toolfleet_async", "toolfleet_sync"}
+    for numbers_of in cost["contenders"].values():
+        assert numbers_of["calls"] == cost["runs"] * cost["turns"] * cost["width"] * cost["rounds"]
+        assert numbers_of["commands_per_call"] > 0 and numbers_of["bytes_per_call"] > 0
+        assert numbers_of["commands_by_name_per_call"]
     ids = {t["id"] for t in report["targets"]}
     assert {"a.sync", "a.async", "c", "d.sync", "d.async", "d.leaks", "e"} <= ids
     assert {"f.rt0", "f.rt20", "f.rt50"} <= ids
+    kinds = ("commands", "bytes", "throughput")
+    assert {f"g.{kind}.{mode}" for kind in kinds for mode in ("async", "sync")} <= ids
     assert all(isinstance(t["pass"], bool) for t in report["targets"])
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Targets" in done.stdout
     assert "f. Slow links" in done.stdout and "async / sync" in done.stdout
+    assert "g. Cost per call" in done.stdout and "g. Idle background" in done.stdout

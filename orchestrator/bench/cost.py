@@ -1,0 +1,584 @@
+"""Scenario g: what one tool call costs, side by side with a bare Celery app's call.
+
+Three contenders on one Redis server, in one run, each with workers of the same pool
+type and size:
+
+* ``celery_raw``: the bare app of :mod:`orchestrator.bench.raw_celery`, served by a stock
+  ``celery -A orchestrator.bench.raw_celery worker``. K threads, each a "run" of T turns;
+  a turn sends W ``noop`` tasks, then waits for each result (an agent making W parallel
+  tool calls per turn, without an agent).
+* ``toolfleet_async``: K ``create_agent`` runs with
+  :class:`~orchestrator.middleware.CeleryToolMiddleware` gathered in one event loop; a
+  scripted model calls ``echo`` W times in parallel per turn for T turns, then answers.
+* ``toolfleet_sync``: the same agent, ``invoke`` on K threads, ``max_concurrency`` 8.
+
+Each contender is measured in windows of its own, taking turns in rounds (the order
+rotating) so drift in the machine's other load falls on all alike. Around each window
+the server's ``INFO commandstats`` (commands run inside Lua scripts count, as the server
+counts them) and ``INFO stats`` (bytes in and out) are read, and the CPU seconds of this
+process, of the contender's own workers (main process and pool children) and of the
+server. Only the contender's workers have calls to run; the other fleet is up and idle.
+The counters and CPU keep running for :data:`SETTLE` seconds after a window's last result
+(its calls per second do not). Nothing is subtracted: a window of the same fleets with no
+calls at all is measured and reported beside them, per second, for the reader to judge.
+
+The toolfleet contenders' orchestrator CPU includes the agent loop itself (LangGraph and
+the scripted model), which the raw client has none of; scenario c's local ``ToolNode``
+contender measures that loop alone. The counters are the whole server's: on a server
+others use too (``use_settings``) their traffic is in them, and a server on another host
+counts no CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from orchestrator.bench.agents import (
+    PAYLOAD,
+    RUN_CONFIG,
+    Runner,
+    check_results,
+    fleet_agent,
+    turns_model,
+)
+from orchestrator.bench.fleet import WORKER_LOGLEVEL, BenchFleet
+from orchestrator.bench.measure import cpu_seconds
+from orchestrator.bench.raw_celery import (
+    NOOP,
+    PREFIX_ENV,
+    QUEUE,
+    URL_ENV,
+    create_raw_app,
+)
+from orchestrator.local import WorkerProcess
+from tool_workers.contract.settings import Settings
+
+CONTENDERS = ("celery_raw", "toolfleet_async", "toolfleet_sync")
+CPU_PARTS = ("orchestrator", "workers", "server")
+WORKER_GROUPS = {
+    "celery_raw": "raw_workers",
+    "toolfleet_async": "toolfleet_workers",
+    "toolfleet_sync": "toolfleet_workers",
+}
+"""Whose workers ran each contender's calls (their CPU is the contender's)."""
+
+ECHO_TEXT = "hi"
+SYNC_MAX_CONCURRENCY = 8
+SETTLE = 0.5
+"""Seconds the counters keep running after a window's last result, untimed: work a call
+leaves behind (an acknowledgement after the result, deferred clean-up) is its cost too."""
+WINDOW_TIMEOUT = 240.0
+CALL_TIMEOUT = 120.0
+
+
+# --- Pure helpers: counters and normalisation -------------------------------------------
+
+
+def command_calls(info: Mapping[str, Any]) -> dict[str, int]:
+    """Calls per command from a parsed ``INFO commandstats`` (``cmdstat_<name>`` entries)."""
+    prefix = "cmdstat_"
+    return {
+        key[len(prefix) :]: int(value["calls"])
+        for key, value in info.items()
+        if key.startswith(prefix) and isinstance(value, Mapping)
+    }
+
+
+def net_bytes(info: Mapping[str, Any]) -> int:
+    """Bytes in and out of the server so far, from a parsed ``INFO stats``."""
+    return int(info["total_net_input_bytes"]) + int(info["total_net_output_bytes"])
+
+
+def diff_counts(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
+    """``after - before`` per name, leaving out names that did not grow.
+
+    A command first run in the window is absent from ``before`` and counts from 0.
+    """
+    out = {}
+    for name, count in after.items():
+        grown = count - before.get(name, 0)
+        if grown > 0:
+            out[name] = grown
+    return out
+
+
+def per_unit(counts: Mapping[str, float], units: float, digits: int = 3) -> dict[str, float]:
+    """``counts`` divided by ``units``, largest first, rounded (zero units: an empty dict)."""
+    if units <= 0:
+        return {}
+    scaled = {name: round(count / units, digits) for name, count in counts.items()}
+    return dict(sorted(scaled.items(), key=lambda item: (-item[1], item[0])))
+
+
+def top(counts: Mapping[str, float], n: int) -> dict[str, float]:
+    """The ``n`` largest entries of ``counts``, largest first."""
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:n])
+
+
+@dataclass
+class Usage:
+    """What a window used: calls completed, wall seconds of the calls, Redis commands by
+    name, bytes on the wire, CPU seconds by process group."""
+
+    calls: int = 0
+    seconds: float = 0.0
+    commands: dict[str, int] = field(default_factory=dict)
+    net_bytes: int = 0
+    cpu: dict[str, float] = field(default_factory=dict)
+
+    def __add__(self, other: Usage) -> Usage:
+        commands = dict(self.commands)
+        for name, count in other.commands.items():
+            commands[name] = commands.get(name, 0) + count
+        cpu = dict(self.cpu)
+        for group, seconds in other.cpu.items():
+            cpu[group] = cpu.get(group, 0.0) + seconds
+        return Usage(
+            calls=self.calls + other.calls,
+            seconds=self.seconds + other.seconds,
+            commands=commands,
+            net_bytes=self.net_bytes + other.net_bytes,
+            cpu=cpu,
+        )
+
+
+def per_call(usage: Usage, workers: str) -> dict[str, Any]:
+    """A contender's usage per call; ``workers`` names the CPU group of its workers.
+
+    Raises:
+        ValueError: the usage has no calls.
+    """
+    calls = usage.calls
+    if calls <= 0:
+        raise ValueError("no calls were measured")
+    cpu_ms = {
+        "orchestrator": usage.cpu.get("orchestrator", 0.0) * 1000 / calls,
+        "workers": usage.cpu.get(workers, 0.0) * 1000 / calls,
+        "server": usage.cpu.get("server", 0.0) * 1000 / calls,
+    }
+    cpu_ms["total"] = sum(cpu_ms.values())
+    # /proc counts CPU in ticks (10 ms): more digits would be noise from the division.
+    cpu_ms = {part: round(value, 4) for part, value in cpu_ms.items()}
+    return {
+        "calls": calls,
+        "seconds": usage.seconds,
+        "calls_per_second": calls / usage.seconds if usage.seconds > 0 else 0.0,
+        "commands_per_call": sum(usage.commands.values()) / calls,
+        "commands_by_name_per_call": per_unit(usage.commands, calls),
+        "bytes_per_call": usage.net_bytes / calls,
+        "cpu_ms_per_call": cpu_ms,
+    }
+
+
+def per_second(usage: Usage) -> dict[str, Any]:
+    """A window's usage per second of it (the idle background)."""
+    seconds = usage.seconds
+    if seconds <= 0:
+        raise ValueError("the window has no length")
+    return {
+        "seconds": seconds,
+        "commands_per_second": sum(usage.commands.values()) / seconds,
+        "commands_by_name_per_second": per_unit(usage.commands, seconds),
+        "bytes_per_second": usage.net_bytes / seconds,
+        "cpu_ms_per_second": {
+            group: value * 1000 / seconds for group, value in sorted(usage.cpu.items())
+        },
+    }
+
+
+def ratio(value: float, base: float) -> float | None:
+    """``value / base``; None where ``base`` is 0 (a ratio to nothing says nothing)."""
+    return value / base if base else None
+
+
+def versus(contender: Mapping[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A contender's per-call numbers against raw Celery's (both from :func:`per_call`)."""
+    cpu, raw_cpu = contender["cpu_ms_per_call"], raw["cpu_ms_per_call"]
+    return {
+        "commands_difference_per_call": contender["commands_per_call"] - raw["commands_per_call"],
+        "bytes_ratio": ratio(contender["bytes_per_call"], raw["bytes_per_call"]),
+        "throughput_ratio": ratio(contender["calls_per_second"], raw["calls_per_second"]),
+        "cpu_ratio": {part: ratio(cpu[part], raw_cpu[part]) for part in (*CPU_PARTS, "total")},
+    }
+
+
+# --- Measuring ----------------------------------------------------------------------------
+
+
+class Meter:
+    """Reads the server's counters and the processes' CPU around a window of work.
+
+    Args:
+        url: The server's URL.
+        groups: CPU groups besides this process and the server: name -> pids (asked at
+            each reading, as pool children may change).
+        server_cpu: CPU seconds of the server so far (0 when it is not on this host).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        groups: Mapping[str, Callable[[], Sequence[int]]],
+        server_cpu: Callable[[], float],
+    ) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.groups = dict(groups)
+        self.server_cpu = server_cpu
+
+    def _counters(self) -> tuple[dict[str, int], int]:
+        # One INFO of both sections: one round trip, one command, at each end.
+        info = self.client.info("stats", "commandstats")
+        return command_calls(info), net_bytes(info)
+
+    def _cpu(self) -> dict[str, float]:
+        out = {"orchestrator": cpu_seconds(os.getpid()), "server": self.server_cpu()}
+        for name, pids in self.groups.items():
+            out[name] = sum(cpu_seconds(pid) for pid in pids())
+        return out
+
+    def measure(self, work: Callable[[], int], settle: float = SETTLE) -> Usage:
+        """Run ``work`` (it returns the calls it completed) and return what it used.
+
+        Its wall time is the calls' alone; the counters and CPU also take in ``settle``
+        seconds after it.
+        """
+        commands0, bytes0 = self._counters()
+        cpu0 = self._cpu()
+        t0 = time.perf_counter()
+        calls = work()
+        seconds = time.perf_counter() - t0
+        time.sleep(settle)
+        cpu1 = self._cpu()
+        commands1, bytes1 = self._counters()
+        return Usage(
+            calls=calls,
+            seconds=seconds,
+            commands=diff_counts(commands1, commands0),
+            net_bytes=bytes1 - bytes0,
+            cpu={group: cpu1[group] - cpu0[group] for group in cpu1},
+        )
+
+    def idle(self, seconds: float) -> Usage:
+        """What ``seconds`` of no calls at all use."""
+
+        def wait() -> int:
+            time.sleep(seconds)
+            return 0
+
+        return self.measure(wait, settle=0.0)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.client.close()
+
+
+class Gang:
+    """``size`` daemon threads that live across windows; each runs one job per round.
+
+    The same threads in every window: state a client keeps per thread is set up in the
+    warm-up, not in each measured window. Daemon threads, so a scenario abandoned on its
+    time bound does not keep the process from exiting.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._inboxes: list[queue.SimpleQueue[Callable[[], None] | None]] = [
+            queue.SimpleQueue() for _ in range(size)
+        ]
+        self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+        for index, inbox in enumerate(self._inboxes):
+            threading.Thread(
+                target=self._serve, args=(inbox,), name=f"bench-cost-{index}", daemon=True
+            ).start()
+
+    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+        while (job := inbox.get()) is not None:
+            try:
+                job()
+            except BaseException as exc:
+                self._done.put(exc)
+            else:
+                self._done.put(None)
+
+    def run(self, job: Callable[[], None], timeout: float = WINDOW_TIMEOUT) -> None:
+        """Run ``job`` once on every thread at the same time; raise the first failure.
+
+        Raises:
+            TimeoutError: not every thread finished within ``timeout`` seconds.
+            RuntimeError: a job raised (chained to the first exception).
+        """
+        for inbox in self._inboxes:
+            inbox.put(job)
+        deadline = time.monotonic() + timeout
+        errors = []
+        for _ in self._inboxes:
+            try:
+                outcome = self._done.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"runs not done within {timeout:g} s") from None
+            if outcome is not None:
+                errors.append(outcome)
+        if errors:
+            raise RuntimeError(f"{len(errors)} run(s) failed: {errors[0]!r}") from errors[0]
+
+    def close(self) -> None:
+        """Let every thread end after its current job."""
+        for inbox in self._inboxes:
+            inbox.put(None)
+
+
+class RawCeleryWorker(WorkerProcess):
+    """A stock ``celery -A orchestrator.bench.raw_celery worker`` (started and stopped by
+    its pid, in its own session, as toolfleet's bench workers are).
+
+    Args:
+        settings: The scenario's settings (the worker ignores them).
+        url: Broker and result backend of the bare app.
+        prefix: Its key prefix.
+        pool: Celery pool.
+        concurrency: Pool size.
+        log_file: Where its output goes.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        url: str,
+        prefix: str,
+        pool: str,
+        concurrency: int,
+        log_file: Path | None = None,
+    ) -> None:
+        super().__init__(
+            settings,
+            name=f"bench-raw-{os.getpid()}",
+            pool=pool,
+            concurrency=concurrency,
+            queues=(QUEUE,),
+            log_file=log_file,
+            extra_env={URL_ENV: url, PREFIX_ENV: prefix},
+            loglevel=WORKER_LOGLEVEL,
+        )
+        self.url = url
+        self.prefix = prefix
+
+    def command(self) -> list[str]:
+        """The stock Celery command line, with the flags toolfleet's bench workers have."""
+        return [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "orchestrator.bench.raw_celery",
+            "worker",
+            "-P",
+            self.pool,
+            "-c",
+            str(self.concurrency),
+            "-n",
+            self.hostname,
+            "-Q",
+            ",".join(self.queues),
+            "-l",
+            self.loglevel,
+            "--without-gossip",
+            "--without-mingle",
+        ]
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Block until the worker has run a ``noop`` (it keeps no registry entry).
+
+        Raises:
+            RuntimeError: the worker exited or did not answer within ``timeout`` seconds.
+        """
+        app = create_raw_app(self.url, self.prefix)
+        try:
+            result = app.send_task(NOOP, args=("ready",))
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self.process is not None and self.process.poll() is not None:
+                    raise RuntimeError(
+                        f"raw Celery worker exited with code {self.process.returncode}"
+                        + (f"; see {self.log_file}" if self.log_file else "")
+                    )
+                if result.ready():
+                    result.get(timeout=1)
+                    return
+                time.sleep(0.1)
+        finally:
+            app.close()
+        raise RuntimeError(f"raw Celery worker not ready after {timeout:g} s")
+
+    def pids(self) -> list[int]:
+        """The main process and its pool children."""
+        return [self.pid, *self.children()] if self.process is not None else []
+
+
+def _raw_run(app: Any, turns: int, width: int) -> None:
+    for _ in range(turns):
+        results = [app.send_task(NOOP, args=(ECHO_TEXT,)) for _ in range(width)]
+        for result in results:
+            value = result.get(timeout=CALL_TIMEOUT)
+            if value != {"text": ECHO_TEXT}:
+                raise RuntimeError(f"raw Celery noop returned {value!r}")
+
+
+def run_cost(
+    fleet: BenchFleet,
+    settings: Settings,
+    *,
+    runs: int = 50,
+    turns: int = 5,
+    width: int = 4,
+    rounds: int = 3,
+    pool: str = "prefork",
+    concurrency: int = 4,
+    idle_seconds: float = 2.0,
+) -> dict[str, Any]:
+    """Measure a call's cost for each contender with ``runs`` concurrent runs.
+
+    Args:
+        fleet: The run's fleet (its server; it starts and stops toolfleet's workers).
+        settings: The scenario's settings (its own namespace).
+        runs: Concurrent runs (K).
+        turns: Turns per run.
+        width: Parallel calls per turn.
+        rounds: Windows per contender.
+        pool: Pool type of both fleets' workers.
+        concurrency: Pool size of both fleets' workers.
+        idle_seconds: Length of the window with no calls.
+
+    Raises:
+        RuntimeError: the server is not Redis (INFO and the bare app need it), the results
+            go to another server, or a worker did not start.
+    """
+    url = fleet.broker_url
+    if not url.startswith(("redis://", "rediss://")):
+        raise RuntimeError("the cost scenario needs a Redis broker (it reads INFO)")
+    if settings.backend_url != url:
+        raise RuntimeError("the cost scenario needs results on the broker's server")
+    prefix = f"{settings.namespace or 'bench'}-raw:"
+    raw_worker = RawCeleryWorker(
+        settings,
+        url=url,
+        prefix=prefix,
+        pool=pool,
+        concurrency=concurrency,
+        log_file=fleet.workdir / "raw-worker.log",
+    )
+    toolfleet_workers: list[WorkerProcess] = []
+    runner = Runner()
+    gang = Gang(runs)
+    raw_app = create_raw_app(url, prefix)
+    meter: Meter | None = None
+    try:
+        # Both fleets start together: the raw worker boots while toolfleet's is awaited.
+        raw_worker.start()
+        toolfleet_workers = fleet.start_workers(settings, 1, pool=pool, concurrency=concurrency)
+        raw_worker.wait_ready(timeout=90)
+        dispatcher = fleet.dispatcher(settings)
+        calls = [("echo", {"text": ECHO_TEXT})] * width
+
+        def toolfleet_pids() -> list[int]:
+            return [pid for w in toolfleet_workers for pid in (w.pid, *w.children())]
+
+        meter = Meter(
+            url,
+            {"toolfleet_workers": toolfleet_pids, "raw_workers": raw_worker.pids},
+            lambda: fleet.cpu_times()["server"],
+        )
+
+        sync_config = {**RUN_CONFIG, "max_concurrency": SYNC_MAX_CONCURRENCY}
+
+        def contenders_of(run_turns: int) -> dict[str, Callable[[], int]]:
+            """Each contender's window of ``runs`` concurrent runs of ``run_turns`` turns;
+            each returns the calls it completed (all of them, or it raises)."""
+            agent = fleet_agent(turns_model(calls, run_turns), dispatcher)
+            expected = run_turns * width
+
+            def raw() -> int:
+                gang.run(lambda: _raw_run(raw_app, run_turns, width))
+                return runs * expected
+
+            def toolfleet_async() -> int:
+                for state in runner.gather([agent] * runs, timeout=WINDOW_TIMEOUT):
+                    check_results(state, expected)
+                return runs * expected
+
+            def toolfleet_sync() -> int:
+                gang.run(lambda: check_results(agent.invoke(PAYLOAD, sync_config), expected))
+                return runs * expected
+
+            return {
+                "celery_raw": raw,
+                "toolfleet_async": toolfleet_async,
+                "toolfleet_sync": toolfleet_sync,
+            }
+
+        # A warm-up of one turn each: connections, threads, imports and the workers'
+        # pools are all up before anything is measured.
+        for warm_up in contenders_of(1).values():
+            warm_up()
+        work = contenders_of(turns)
+        time.sleep(SETTLE)  # the warm-up's last acknowledgements are no idle traffic
+        idle = meter.idle(idle_seconds)
+        usage = {name: Usage() for name in CONTENDERS}
+        per_round: dict[str, list[float]] = {name: [] for name in CONTENDERS}
+        for round_ in range(rounds):
+            # The order rotates: no contender always follows the same one.
+            order = CONTENDERS[round_ % len(CONTENDERS) :] + CONTENDERS[: round_ % len(CONTENDERS)]
+            for name in order:
+                window = meter.measure(work[name])
+                usage[name] = usage[name] + window
+                per_round[name].append(window.calls / window.seconds if window.seconds else 0.0)
+    finally:
+        gang.close()
+        runner.close()
+        if meter is not None:
+            meter.close()
+        _close_raw_app(raw_app)
+        raw_worker.stop(grace=10)
+        fleet.stop_workers(toolfleet_workers)
+    contenders = {
+        name: {
+            **per_call(usage[name], WORKER_GROUPS[name]),
+            "calls_per_second_by_round": per_round[name],
+        }
+        for name in CONTENDERS
+    }
+    raw_numbers = contenders["celery_raw"]
+    return {
+        "runs": runs,
+        "turns": turns,
+        "width": width,
+        "rounds": rounds,
+        "pool": pool,
+        "concurrency": concurrency,
+        "contenders": contenders,
+        "versus_raw": {
+            name: versus(contenders[name], raw_numbers)
+            for name in ("toolfleet_async", "toolfleet_sync")
+        },
+        "idle": per_second(idle),
+    }
+
+
+def _close_raw_app(app: Any) -> None:
+    # The result backend's pub/sub connection and pool, then the producer pool: on a
+    # shared server nothing of the bench's stays connected.
+    try:
+        app.backend.result_consumer.stop()
+        app.backend.client.connection_pool.disconnect()
+    except Exception:  # best effort on the way out
+        pass
+    app.close()
