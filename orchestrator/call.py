@@ -278,7 +278,8 @@ def _call_ids(message: AIMessage) -> frozenset[str]:
 
 def owning_message(state: Any, call_id: str | None) -> AIMessage | None:
     """The AIMessage in ``state`` that made the call ``call_id`` (the latest one)."""
-    for message in reversed(messages_of(state)):
+    messages = state.get("messages") if isinstance(state, dict) else None
+    for message in reversed(messages if isinstance(messages, list) else messages_of(state)):
         if isinstance(message, AIMessage) and message.tool_calls and call_id in _call_ids(message):
             return message
     return None

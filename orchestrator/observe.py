@@ -214,7 +214,9 @@ class CallObserver:
         self._span_cm = dispatch_span(self.call)
         self._span = self._span_cm.__enter__()
         # Taken here, in the caller's thread or coroutine: publishing may happen elsewhere.
-        self.call = replace(self.call, trace=trace_context(self._run.run_id, self._run.handlers))
+        traced = trace_context(self._run.run_id, self._run.handlers)
+        if traced is not None:
+            self.call = replace(self.call, trace=traced)
 
     def _close_span(
         self,

@@ -201,7 +201,9 @@ def dispatch_span(call: PreparedCall) -> Iterator[DispatchSpan]:
     is installed; what records its outcome (an exception leaving the block records its
     own: ``deadline``, ``cancelled`` or ``failure``)."""
     otel = _otel()
-    if otel is None:
+    if otel is None or isinstance(otel.trace.get_tracer_provider(), otel.trace.ProxyTracerProvider):
+        # No OpenTelemetry, or no tracer provider set up in this process: every span would
+        # be a no-op.
         yield DispatchSpan(None)
         return
     trace = otel.trace

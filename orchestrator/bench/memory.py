@@ -19,7 +19,14 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from orchestrator.bench.agents import PAYLOAD, RUN_CONFIG, Runner, check_results, fleet_agent
+from orchestrator.bench.agents import (
+    PAYLOAD,
+    RUN_CONFIG,
+    SYNC_RUN_CONFIG,
+    Runner,
+    check_results,
+    fleet_agent,
+)
 from orchestrator.bench.agents import one_turn_model as model_for
 from orchestrator.bench.measure import rss_bytes
 from orchestrator.dispatch.dispatcher import CeleryDispatcher
@@ -42,7 +49,7 @@ def _measure_one(
     def run() -> None:
         try:
             if mode == "sync":
-                outcome["state"] = agent.invoke(PAYLOAD, RUN_CONFIG)
+                outcome["state"] = agent.invoke(PAYLOAD, SYNC_RUN_CONFIG)
             else:
                 outcome["state"] = asyncio.run(agent.ainvoke(PAYLOAD, RUN_CONFIG))
         except BaseException as exc:

@@ -84,7 +84,7 @@ class Plan:
     throughput_warmup: float = 1.0
     throughput_rounds: int = 5
     memory_calls: int = 1000
-    memory_seconds: float = 2.0
+    memory_seconds: float = 8.0
     scale_workers: tuple[int, ...] = (1, 2, 4)
     scale_concurrency: int = 4
     scale_calls: int = 160

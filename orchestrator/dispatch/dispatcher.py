@@ -79,7 +79,7 @@ class CeleryDispatcher:
         self._loop_clients = LoopClients(lambda: async_redis_client(settings.backend_url, settings))
         self._registry = RegistryView(redis_client(settings.own_redis_url, settings), settings)
         namespace = settings.namespace
-        channel = reply_channel(settings.key_prefix, uuid.uuid4().hex)
+        channel = reply_channel(settings.key_prefix, uuid.uuid4().hex[:16])
         self.listener = ResultListener(
             lambda: async_redis_client(settings.backend_url, settings),
             functools.partial(result_key, namespace),
@@ -99,12 +99,11 @@ class CeleryDispatcher:
             functools.partial(queue_key, namespace),
             self.policies.defaults.queue,
             self._amqp,
+            self._published,
         )
         self._lock = threading.Lock()
         self._futures: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}
         self._calls: dict[str, PreparedCall] = {}
-        self._publishing: dict[str, concurrent.futures.Future[Outcome]] = {}
-        """Calls whose publication is in progress (a cancellation waits for its end)."""
         self._sent: collections.OrderedDict[str, None] = collections.OrderedDict()
         """Calls this process published (or found published): the ones a cancellation
         revokes. The most recent :data:`SENT_MEMORY`."""
@@ -157,16 +156,11 @@ class CeleryDispatcher:
         if not fresh:
             return
         self.listener.wait_ready(READY_WAIT)
-        publications = self._publishing_now(fresh)
         try:
             outcomes = self._publisher.publish(fresh)
         except BaseException as exc:
-            for publication in publications.values():
-                publication.set_exception(exc)
             self._publication_failed(fresh)
             _raise_as_dispatch_error(exc)
-        for task_id, publication in publications.items():
-            publication.set_result(outcomes[task_id])
         self._after(outcomes)
 
     async def submit_async(self, call: PreparedCall, on_state: StateCallback | None = None) -> None:
@@ -181,11 +175,10 @@ class CeleryDispatcher:
             return
         if not self.listener.ready:
             await self._off_loop(self.listener.wait_ready, READY_WAIT)
-        publication = self._publishing_now([call])[call.task_id]
         try:
-            # The publication is the batch's: it goes on if this caller is cancelled, and
-            # sets ``publication`` when it ends (a cancellation waits for that).
-            outcome = await self._publisher.publish_async(call, publication)
+            # The publication is the batch's: it goes on if this caller is cancelled (a
+            # cancellation of the call waits for its end).
+            outcome = await self._publisher.publish_async(call)
         except BaseException as exc:
             self._publication_failed([call])
             _raise_as_dispatch_error(exc)
@@ -204,30 +197,16 @@ class CeleryDispatcher:
             self._calls.update((c.task_id, c) for c in fresh)
         return fresh
 
-    def _publishing_now(
-        self, calls: Sequence[PreparedCall]
-    ) -> dict[str, concurrent.futures.Future[Outcome]]:
-        """A future per call, set with its publication's outcome when it ends."""
-        publications: dict[str, concurrent.futures.Future[Outcome]] = {}
+    def _published(self, outcomes: Mapping[str, Outcome]) -> None:
+        """Calls on the queue now: the ones a cancellation revokes."""
         with self._lock:
-            for call in calls:
-                publication: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
-                publication.add_done_callback(functools.partial(self._ended, call.task_id))
-                publications[call.task_id] = self._publishing[call.task_id] = publication
-        return publications
-
-    def _ended(self, task_id: str, publication: concurrent.futures.Future[Outcome]) -> None:
-        """A call's publication ended: remember it if it is on the queue."""
-        with self._lock:
-            if self._publishing.get(task_id) is publication:
-                del self._publishing[task_id]
-            if publication.cancelled() or publication.exception() is not None:
-                return
-            if publication.result() is not Outcome.STORED:
+            for task_id, outcome in outcomes.items():
+                if outcome is Outcome.STORED:
+                    continue
                 self._sent[task_id] = None
                 self._sent.move_to_end(task_id)
-                while len(self._sent) > SENT_MEMORY:
-                    self._sent.popitem(last=False)
+            while len(self._sent) > SENT_MEMORY:
+                self._sent.popitem(last=False)
 
     def _publication_failed(self, calls: Sequence[PreparedCall]) -> None:
         """Stop waiting on calls whose publication failed (or whose caller was cancelled
@@ -396,9 +375,7 @@ class CeleryDispatcher:
         cancelled first), is not on the queue because of this process: a revocation
         recorded for it would answer it "cancelled" when the run is resumed.
         """
-        with self._lock:
-            in_progress = {self._publishing[t] for t in ids if t in self._publishing}
-        concurrent.futures.wait(in_progress)
+        concurrent.futures.wait(self._publisher.publishing(ids))
         with self._lock:
             return [t for t in ids if t in self._sent]
 

@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,8 +190,9 @@ class _LoopBatch:
     done: asyncio.Future[None]
     calls: list[PreparedCall] = field(default_factory=list)
     outcomes: dict[str, Outcome] = field(default_factory=dict)
-    ends: list[concurrent.futures.Future[Outcome]] = field(default_factory=list)
-    """Each call's publication, set when the batch ends (whoever still waits)."""
+    ended: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
+    """Set when the batch's publication has ended, however it ended (whoever still
+    waits: a cancellation of one of its calls waits for this)."""
 
 
 class Publisher:
@@ -203,9 +204,11 @@ class Publisher:
         loop_clients: That server's ``redis.asyncio`` client of each event loop.
         reply_to: The channel the workers report this process's calls on.
         result_key: Maps a task id to its result key (Celery's naming).
-        broker: RabbitMQ's side: ``None`` on a Redis broker.
         queue_key: The Redis list a queue's messages go on (the broker's key prefix).
         default_queue: The queue of a call that names none.
+        broker: RabbitMQ's side: ``None`` on a Redis broker.
+        on_published: Told the outcome of every publication that succeeded (sync ones,
+            and async batches whose callers may have been cancelled meanwhile).
     """
 
     def __init__(
@@ -218,6 +221,7 @@ class Publisher:
         queue_key: Callable[[str], str],
         default_queue: str,
         broker: AmqpBroker | None = None,
+        on_published: Callable[[Mapping[str, Outcome]], None] | None = None,
     ) -> None:
         self._settings = settings
         self._client = client
@@ -227,6 +231,9 @@ class Publisher:
         self._queue_key = queue_key
         self._default_queue = default_queue
         self._broker = broker
+        self._on_published = on_published
+        self._in_flight: dict[str, concurrent.futures.Future[None]] = {}
+        """Calls of async batches being published, by task id: the batch's end."""
         self._token = uuid.uuid4().hex
         self._marker_value = f'{{"t":"{self._token}"}}'
         self._pending_value = f'{{"t":"{self._token}","p":1}}'
@@ -263,7 +270,10 @@ class Publisher:
         for slot in slots:
             if slot.error is not None:
                 raise _dispatch_error(slot.error, len(slots))
-        return {slot.call.task_id: slot.outcome for slot in slots if slot.outcome is not None}
+        outcomes = {slot.call.task_id: slot.outcome for slot in slots if slot.outcome is not None}
+        if self._on_published is not None:
+            self._on_published(outcomes)
+        return outcomes
 
     def _lead(self) -> None:
         """Publish every waiting call, batch after batch, until none waits."""
@@ -303,15 +313,8 @@ class Publisher:
 
     # -- async -------------------------------------------------------------------------
 
-    async def publish_async(
-        self, call: PreparedCall, ended: concurrent.futures.Future[Outcome] | None = None
-    ) -> Outcome:
+    async def publish_async(self, call: PreparedCall) -> Outcome:
         """Publish ``call`` with the calls of this loop's next batch.
-
-        Args:
-            call: The call.
-            ended: Set with the call's outcome (or the batch's error) when the batch ends,
-                also when this caller was cancelled before that.
 
         Raises:
             DispatchError: the broker or Redis refused them.
@@ -324,7 +327,8 @@ class Publisher:
             # Two turns: every Send task of the superstep reaches this point first.
             loop.call_soon(self._later, loop, batch, 1)
         batch.calls.append(call)
-        batch.ends.append(ended if ended is not None else concurrent.futures.Future())
+        with self._lock:
+            self._in_flight[call.task_id] = batch.ended
         # Shielded: a caller cancelled now (a sibling failed) still has its call's fate
         # decided with the batch; cancelling it then revokes what was published.
         await asyncio.shield(batch.done)
@@ -349,8 +353,7 @@ class Publisher:
                 outcomes = await self._push_on_loop(batch.calls)
         except BaseException as exc:
             error = _dispatch_error(exc, len(batch.calls))
-            for ended in batch.ends:
-                ended.set_exception(error)
+            self._ended(batch)
             if not batch.done.done():
                 batch.done.set_exception(error)
                 batch.done.exception()  # retrieved: a batch whose callers all left
@@ -358,10 +361,23 @@ class Publisher:
                 raise
             return
         batch.outcomes.update(outcomes)
-        for call, ended in zip(batch.calls, batch.ends, strict=True):
-            ended.set_result(outcomes[call.task_id])
+        if self._on_published is not None:
+            self._on_published(outcomes)
+        self._ended(batch)
         if not batch.done.done():
             batch.done.set_result(None)
+
+    def _ended(self, batch: _LoopBatch) -> None:
+        with self._lock:
+            for call in batch.calls:
+                if self._in_flight.get(call.task_id) is batch.ended:
+                    del self._in_flight[call.task_id]
+        batch.ended.set_result(None)
+
+    def publishing(self, task_ids: Sequence[str]) -> set[concurrent.futures.Future[None]]:
+        """The ends of the async publications in progress that hold any of these calls."""
+        with self._lock:
+            return {self._in_flight[t] for t in task_ids if t in self._in_flight}
 
     async def _push_on_loop(self, calls: Sequence[PreparedCall]) -> dict[str, Outcome]:
         client = await self._loop_clients.get()

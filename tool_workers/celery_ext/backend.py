@@ -82,17 +82,16 @@ def reply_channel_of(request: Any) -> str:
 
 
 def state_meta(
-    task_id: str, result: Any, state: str, traceback: Any, done: str | None
+    task_id: str, result: Any, state: str, traceback: Any = None, done: str | None = None
 ) -> dict[str, Any]:
-    """A stored state as Celery's Redis backend keeps it (its readers read this one)."""
-    return {
-        "status": state,
-        "result": result,
-        "traceback": traceback,
-        "children": [],
-        "date_done": done,
-        "task_id": task_id,
-    }
+    """A state as Celery's Redis backend keeps it, the empty fields left out (Celery's
+    readers take each with a default)."""
+    meta: dict[str, Any] = {"status": state, "result": result, "task_id": task_id}
+    if traceback is not None:
+        meta["traceback"] = traceback
+    if done is not None:
+        meta["date_done"] = done
+    return meta
 
 
 class ToolfleetRedisBackend(RedisBackend):  # type: ignore[misc]

@@ -41,8 +41,9 @@ def held_key(key_prefix: str, lease_id: str) -> str:
 
 
 def holding_token(held: str, tag: str) -> str:
-    """The fence value of the attempt that runs delivery ``tag`` held in ``held``."""
-    return f"{held}|{tag}"
+    """The fence value of the attempt that runs delivery ``tag`` held in ``held``: the
+    lease's id and the tag (each names one holding: lease ids are random)."""
+    return f"{held.rsplit(HELD, 1)[-1]}|{tag}"
 
 
 def holding_of(request: Any) -> tuple[str, str] | None:

@@ -42,6 +42,8 @@ log = logging.getLogger("toolfleet.worker")
 class QoS(RedisQoS):
     """kombu's Redis ack emulation, with each delivery held under the worker's lease."""
 
+    _pipeline: Any = None
+
     def append(self, message: Any, delivery_tag: str) -> None:
         """Record ``message`` as unacknowledged, and as held by this worker's lease."""
         lease = leases.current()
@@ -58,13 +60,19 @@ class QoS(RedisQoS):
         entry = leases.held_entry(task_id, queue_list_key(channel, queue, raw))
         # One round trip, no transaction: kombu's own scans skip a delivery younger than
         # the visibility timeout, and the sweep one whose unacked record is not there yet.
+        # The pipeline is kept (redis-py copies its reply callbacks into each new one);
+        # deliveries are recorded one at a time, from the consumer's loop.
         with channel.conn_or_acquire() as client:
-            pipe = client.pipeline(transaction=False)
+            pipe = self._pipeline
+            if pipe is None or pipe.connection_pool is not client.connection_pool:
+                pipe = self._pipeline = client.pipeline(transaction=False)
             pipe.zadd(self.unacked_index_key, {delivery_tag: time()})
             pipe.hset(
                 self.unacked_key,
                 delivery_tag,
-                json.dumps([raw, delivery["exchange"], delivery["routing_key"]]),
+                json.dumps(
+                    [raw, delivery["exchange"], delivery["routing_key"]], separators=(",", ":")
+                ),
             )
             pipe.hset(_relative(channel, held), delivery_tag, entry)
             pipe.execute()

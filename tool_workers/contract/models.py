@@ -31,9 +31,9 @@ PROTOCOL_VERSION = 1
 """Bumped on any incompatible change to ToolRequest or ToolResult.
 
 An optional field added to a version later (``ToolRequest.trace``) does not bump it: the
-sender leaves such a field off the wire while it is unset (:meth:`ToolRequest.to_wire`),
-so a worker of the same version built before the field keeps accepting every request
-that does not use it. Such a worker refuses a request that does use it (its models
+sender leaves every unset field off the wire (:meth:`ToolRequest.to_wire`), so a worker
+of the same version built before the field keeps accepting every request that does not
+use it. Such a worker refuses a request that does use it (its models
 forbid unknown fields), so the workers are upgraded before the orchestrators start
 setting the field (for ``trace``: before tracing is turned on for the orchestrators).
 """
@@ -103,9 +103,9 @@ class ToolRequest(BaseModel):
             return None
 
     def to_wire(self) -> dict[str, Any]:
-        """The request as JSON for the wire, the later fields left out while unset."""
-        unset = {name for name in LATER_REQUEST_FIELDS if getattr(self, name) is None}
-        return self.model_dump(mode="json", exclude=unset or None)
+        """The request as JSON for the wire, its unset fields left out (every field that
+        can be ``None`` defaults to it)."""
+        return self.model_dump(mode="json", exclude_none=True)
 
     @classmethod
     def from_wire(cls, raw: Any) -> ToolRequest:
@@ -216,6 +216,14 @@ class ToolResult(BaseModel):
     def error(cls, kind: ErrorKind, message: str, **fields: Any) -> ToolResult:
         """An error result the model can act on."""
         return cls(status="error", error_kind=kind, content=message, **fields)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The result as JSON for the wire: unset fields left out (each defaults to
+        ``None``), times to the microsecond."""
+        wire = self.model_dump(mode="json", exclude_none=True)
+        wire["started_at"] = round(self.started_at, 6)
+        wire["duration"] = round(self.duration, 6)
+        return wire
 
 
 def progress_message(task_id: str, seq: int, events: list[Any]) -> dict[str, Any]:

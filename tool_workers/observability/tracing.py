@@ -82,6 +82,8 @@ def _prerun(
         return
     from opentelemetry import context, propagate, trace
 
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return  # no tracer provider set up in this process: every span would be a no-op
     raw = args[0] if args else (kwargs or {}).get("request")
     request = raw if isinstance(raw, dict) else {}
     if trace.get_current_span().get_span_context().is_valid:

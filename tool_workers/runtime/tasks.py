@@ -38,6 +38,9 @@ from tool_workers.runtime.progress import ProgressPublisher, publishing
 
 log = logging.getLogger("toolfleet.worker")
 
+RESULT_REPR_CHARS = 64
+"""Characters of a result's repr Celery computes (``status`` is among the first)."""
+
 MAX_CRASH_REDELIVERIES = 2
 """How many times an idempotent call is run again after its worker died under it."""
 
@@ -118,6 +121,9 @@ def _register(
         reject_on_worker_lost=True,
         # Task events (Flower) carry the result's status, not the result.
         Request="tool_workers.celery_ext.redaction:ToolCallRequest",
+        # Celery passes the result's repr from the pool process back for its log line
+        # and event, where only the status is shown: its start is enough.
+        resultrepr_maxsize=RESULT_REPR_CHARS,
         # This app's task, with this app's policy: not copied into other apps of the
         # process (Celery would give them the first app's options).
         shared=False,
@@ -132,10 +138,10 @@ def _register(
                 refused = ToolResult.error(
                     "protocol", refused_request_text(tool.name, problem), worker=worker
                 )
-                return seal(self.request.id, refused.model_dump(mode="json"))
+                return seal(self.request.id, refused.to_wire())
         request = _decode(raw, tool.name, worker)
         if isinstance(request, ToolResult):
-            return seal(self.request.id, request.model_dump(mode="json"))
+            return seal(self.request.id, request.to_wire())
         if request.tool != tool.name:
             # The task name routed the call here; a request naming another tool is not
             # run as this one.
@@ -150,7 +156,7 @@ def _register(
                 f"({request.tool!r}); it was not run.\n Please fix your mistakes.",
                 worker=worker,
             )
-            return seal(self.request.id, mismatch.model_dump(mode="json"))
+            return seal(self.request.id, mismatch.to_wire())
 
         attempt = self.request.retries + 1
         refusal = _check_delivery(
@@ -199,24 +205,25 @@ def _register(
             result = ToolResult.error(
                 "tool_error", error_text(err.exc), worker=worker, duration=time.perf_counter() - t0
             )
-        log.info(
-            "tool call finished",
-            extra={
-                "toolfleet": {
-                    "side": "worker",
-                    "tool": tool.name,
-                    "tool_call_id": request.call_id,
-                    "thread_id": request.thread_id,
-                    "run_id": request.run_id,
-                    "task_id": self.request.id,
-                    "worker": worker,
-                    "attempt": attempt,
-                    "duration_ms": round(result.duration * 1000, 3),
-                    "outcome": result.error_kind or "success",
-                }
-            },
-        )
-        return seal(self.request.id, result.model_dump(mode="json"))
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "tool call finished",
+                extra={
+                    "toolfleet": {
+                        "side": "worker",
+                        "tool": tool.name,
+                        "tool_call_id": request.call_id,
+                        "thread_id": request.thread_id,
+                        "run_id": request.run_id,
+                        "task_id": self.request.id,
+                        "worker": worker,
+                        "attempt": attempt,
+                        "duration_ms": round(result.duration * 1000, 3),
+                        "outcome": result.error_kind or "success",
+                    }
+                },
+            )
+        return seal(self.request.id, result.to_wire())
 
 
 def _decode(raw: Any, tool: str, worker: str) -> ToolRequest | ToolResult:
@@ -283,7 +290,7 @@ def _check_delivery(
     channel = reply_channel_of(task.request) if announce else ""
     started = (
         json.dumps(
-            state_meta(task_id, {"pid": os.getpid(), "hostname": worker}, "STARTED", None, None),
+            state_meta(task_id, {"pid": os.getpid(), "hostname": worker}, "STARTED"),
             separators=(",", ":"),
         )
         if channel
@@ -301,7 +308,7 @@ def _check_delivery(
             "worker_lost",
             f"Error: the call to '{tool}' was handed on to another worker.",
             worker=worker,
-        ).model_dump(mode="json")
+        ).to_wire()
     if start.revoked:
         # Cancelled while no live worker heard Celery's revoke broadcast.
         log.warning("call %s to %s was cancelled before it started; not running it", task_id, tool)
@@ -309,7 +316,7 @@ def _check_delivery(
             "cancelled",
             f"Error: the call to '{tool}' was cancelled before it started, and was not run.",
             worker=worker,
-        ).model_dump(mode="json")
+        ).to_wire()
     crashes = start.starts - attempt
     if crashes <= 0:
         return None
@@ -326,7 +333,7 @@ def _check_delivery(
             "have partially run. It was not run again because the tool is not idempotent.\n"
             " Check whether its effect happened before calling it again.",
             worker=worker,
-        ).model_dump(mode="json")
+        ).to_wire()
     if crashes > MAX_CRASH_REDELIVERIES:
         log.error("call %s to %s crashed its worker %d times; giving up", task_id, tool, crashes)
         return ToolResult.error(
@@ -334,6 +341,6 @@ def _check_delivery(
             f"Error: the call to '{tool}' stopped its worker {crashes} times and was not run "
             "again.\n Please fix your mistakes.",
             worker=worker,
-        ).model_dump(mode="json")
+        ).to_wire()
     log.warning("running redelivered call %s to idempotent tool %s again", task_id, tool)
     return None
