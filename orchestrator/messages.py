@@ -164,6 +164,11 @@ def not_served_there_text(tool: str) -> str:
     )
 
 
+def not_served_text(tool: str, detail: str) -> str:
+    """A call no live worker serves, answered by the worker that received it."""
+    return f"Error: {tool} could not run: {detail}.{FIX}"
+
+
 def unreadable_text(tool: str, detail: str) -> str:
     """A call whose message the worker could not read."""
     return f"Error: the worker could not read the call to '{tool}': {detail}{FIX}"

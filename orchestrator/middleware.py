@@ -47,7 +47,8 @@ from orchestrator.messages import (
 )
 from orchestrator.observe import CallObserver
 from orchestrator.offering import ToolOffer
-from orchestrator.placement import Placement, PlacementRules, describe
+from orchestrator.placement import Placement, PlacementRules, describe, takes_arguments
+from orchestrator.tools import RemoteTool
 from tool_workers.contract.errors import ResultTimeout, RunDeadlineExceeded
 from tool_workers.contract.models import ToolResult, ToolSpec
 from tool_workers.contract.names import task_id_for
@@ -285,6 +286,9 @@ class CeleryToolMiddleware(AgentMiddleware):
                     name, site.call_id, "unknown_tool", unknown_tool_text(name, served)
                 )
             return WAIT
+        spec = self._version(site, spec)
+        if spec is None:  # the schema the call was made with is not served (yet, or now)
+            return WAIT
         try:
             call = prepare(site, spec)
         except NotJSONError as exc:
@@ -296,6 +300,18 @@ class CeleryToolMiddleware(AgentMiddleware):
             self._retry_of[retry_id] = call.task_id
             call = replace(call, task_id=retry_id, attempt=attempt)
         return call
+
+    def _version(self, site: CallSite, shown: ToolSpec) -> ToolSpec | None:
+        """The served version of the tool a call runs on: the one the model was shown (a
+        fleet tool's schema), else the first that takes the call's arguments."""
+        versions = self._dispatcher.served_versions(site.name) or {shown.version: shown}
+        tool = site.tool
+        if isinstance(tool, RemoteTool) and tool.spec.version in versions:
+            return versions[tool.spec.version]
+        for spec in versions.values():
+            if takes_arguments(spec.parameters, site.args):
+                return spec
+        return None
 
     def _wait_until(self, site: CallSite) -> float:
         """Until when (monotonic) an unserved call may wait for a worker: ``unserved_wait``

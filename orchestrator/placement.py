@@ -38,6 +38,14 @@ def _argument_names(parameters: Mapping[str, Any]) -> frozenset[str]:
     return frozenset((parameters.get("properties") or {}).keys())
 
 
+def takes_arguments(parameters: Mapping[str, Any], args: Mapping[str, Any]) -> bool:
+    """Whether a tool with the JSON schema ``parameters`` takes ``args`` by name: each
+    required argument given, none it does not name."""
+    required = set(parameters.get("required") or ())
+    named = _argument_names(parameters)
+    return required <= args.keys() and args.keys() <= named
+
+
 class PlacementRules:
     """Decides, and remembers, where calls of each tool run."""
 

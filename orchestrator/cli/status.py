@@ -3,7 +3,7 @@
 Where each number comes from:
 
 * **workers online, tools per queue**: the registry the workers publish
-  (:func:`orchestrator.dispatch.registry.read_entries`); an entry expires three refresh
+  (:func:`tool_workers.contract.fleet.read_entries`); an entry expires three refresh
   intervals after its worker stopped refreshing it.
 * **queue depth**: calls waiting in the broker. kombu's Redis transport keeps a queue
   as a list named by the queue (``<namespace>:`` first when a namespace is set) plus a
@@ -50,10 +50,10 @@ from kombu.transport.redis import PRIORITY_STEPS, Channel
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.dispatch.registry import read_entries
 from tool_workers.contract.amqp import broker_queue_name
 from tool_workers.contract.broker import create_app
 from tool_workers.contract.connections import redis_client
+from tool_workers.contract.fleet import read_entries
 from tool_workers.contract.models import WorkerEntry
 from tool_workers.contract.names import (
     REGISTRY_TTL_REFRESHES,

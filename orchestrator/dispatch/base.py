@@ -1,7 +1,7 @@
 """The seam at the network boundary: everything the agent side asks of a transport.
 
 :class:`Dispatcher` lists every method its callers use, sync and async alike; the Celery
-dispatcher (:mod:`.celery`) and the in-process one (:mod:`.in_process`) implement all of
+dispatcher (:mod:`.dispatcher`) and the in-process one (:mod:`.in_process`) implement all of
 it, so callers never probe for a method and mypy checks every call.
 
 Every ``async def`` here must not block the event loop: an implementation awaits async
@@ -49,6 +49,11 @@ class Dispatcher(Protocol):
 
     async def served_tools_async(self, *, fresh: bool = False) -> Mapping[str, ToolSpec]:
         """:meth:`served_tools` without blocking the event loop."""
+        ...
+
+    def served_versions(self, name: str) -> Mapping[str, ToolSpec]:
+        """Every version of ``name`` live workers serve, by schema version, the one shown to
+        models first, as last read by :meth:`served_tools` (no I/O; empty: none)."""
         ...
 
     def note_placement(self, table: PlacementTable) -> None:

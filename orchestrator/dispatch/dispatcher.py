@@ -128,6 +128,10 @@ class CeleryDispatcher:
             return self._registry.tools()  # a stale map is refreshed in the background
         return await self._off_loop(functools.partial(self._registry.tools, fresh=fresh))
 
+    def served_versions(self, name: str) -> Mapping[str, ToolSpec]:
+        """Every served version of ``name`` in the registry map last read (no I/O)."""
+        return self._registry.versions(name)
+
     def registry(self) -> RegistryView:
         """The registry view this dispatcher routes with."""
         return self._registry

@@ -34,7 +34,7 @@ from celery import signals
 
 from orchestrator.call import PreparedCall
 from orchestrator.tracing import message_headers
-from tool_workers.contract.names import task_name
+from tool_workers.contract.names import VERSION_HEADER, task_name
 from tool_workers.contract.signing import sign_request
 
 LEFT_OUT = frozenset(
@@ -117,10 +117,17 @@ def task_message(call: PreparedCall, reply_to: str, signing_key: str | None = No
         "lang": "py",
         "task": name,
         "id": call.task_id,
-        # Flower and logs show which call this is, never the arguments (secrets, size).
-        "argsrepr": f"({call.tool} call={call.call_id} thread={call.thread_id or '-'})",
+        # Flower and logs show which call this is and where it went, never the arguments
+        # (secrets, size).
+        "argsrepr": (
+            f"({call.tool} call={call.call_id} thread={call.thread_id or '-'} "
+            f"queue={call.queue or '-'})"
+        ),
         "kwargsrepr": "{}",
     }
+    if call.spec is not None:
+        # The schema the model was shown: a worker serving another one hands the call on.
+        headers[VERSION_HEADER] = call.spec.version
     if expires is not None:
         headers["expires"] = expires
     if call.trace is not None:

@@ -80,6 +80,11 @@ class InProcessDispatcher:
         """Every tool given to the constructor."""
         return self._specs
 
+    def served_versions(self, name: str) -> Mapping[str, ToolSpec]:
+        """The one version of ``name`` given to the constructor (empty: none)."""
+        spec = self._specs.get(name)
+        return {} if spec is None else {spec.version: spec}
+
     def note_placement(self, table: PlacementTable) -> None:
         """Remember the placement (see :attr:`placements`)."""
         self.placements.append(table)

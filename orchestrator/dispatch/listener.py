@@ -234,7 +234,7 @@ class ResultListener:
                 if message is not None:
                     self._on_message(message)
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py
+            await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # untyped before redis-py 8
 
     def _on_message(self, message: dict[str, Any]) -> None:
         kind = message["type"]

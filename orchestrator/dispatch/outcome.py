@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from orchestrator.messages import (
     bad_result_text,
     cancelled_text,
+    not_served_text,
     not_served_there_text,
     refused_result_text,
     undelivered_text,
@@ -109,6 +110,8 @@ def result_from_meta(
         return ToolResult.error("timeout", timeout_text(tool, limit))
     if exc_type == "NotRegistered":
         return ToolResult.error("unknown_tool", not_served_there_text(tool))
+    if exc_type == "NotServed":  # no live worker serves it (tool_workers.celery_ext.hand_on)
+        return ToolResult.error("unknown_tool", not_served_text(tool, detail))
     if exc_type in ("UnreadableCall", "ContentDisallowed", "DecodeError"):
         return ToolResult.error("protocol", unreadable_text(tool, detail))
     if exc_type == "SoftTimeLimitExceeded":  # the soft limit, fired outside the tool

@@ -29,8 +29,9 @@ import redis
 
 from orchestrator.dispatch.base import PlacementTable
 from tool_workers.contract.errors import DispatchError
+from tool_workers.contract.fleet import read_entries
 from tool_workers.contract.models import ToolSpec, WorkerEntry
-from tool_workers.contract.names import placement_key, worker_registry_pattern
+from tool_workers.contract.names import placement_key, tool_queue
 from tool_workers.contract.settings import Settings, ToolPolicies, ToolPolicy
 
 log = logging.getLogger("toolfleet.registry")
@@ -41,28 +42,12 @@ PLACEMENT_TTL = 3600
 CACHE_SECONDS = 1.0
 """How long a read of the registry is reused (one SCAN per second at most)."""
 
-SCAN_COUNT = 10_000
-"""Keys the server looks at per ``SCAN`` step: a read is one round trip per this many
-keys in the database, whatever they are."""
-
 FIRST_READ_SECONDS = 10.0
 """How long the first read of the registry retries while Redis is unreachable."""
 
 
-def read_entries(client: redis.Redis, key_prefix: str) -> list[WorkerEntry]:
-    """Every live worker's entry (unreadable entries are skipped with a warning)."""
-    keys = list(client.scan_iter(match=worker_registry_pattern(key_prefix), count=SCAN_COUNT))
-    if not keys:
-        return []
-    entries = []
-    for raw in client.mget(keys):
-        if raw is None:  # expired between SCAN and MGET
-            continue
-        try:
-            entries.append(WorkerEntry.model_validate_json(raw))
-        except ValueError as exc:
-            log.warning("ignoring unreadable registry entry: %r", exc)
-    return entries
+Served = dict[str, dict[str, ToolSpec]]
+"""Tool name -> schema version -> its governed spec, the version shown to models first."""
 
 
 def served_tools(
@@ -70,47 +55,92 @@ def served_tools(
     policies: ToolPolicies,
     reported: set[str] | None = None,
 ) -> dict[str, ToolSpec]:
-    """The tools some live worker serves, by name, governed by the orchestrator's policy.
+    """The tools some live worker serves, by name: for each, the version models are shown
+    (the first of :func:`served_versions`)."""
+    return {
+        name: next(iter(versions.values()))
+        for name, versions in served_versions(entries, policies, reported).items()
+    }
 
-    Of the specs the workers publish for one tool, the one from a worker whose queue
-    matches the policy wins, then the one from the lexically first worker name. The
-    winner's ``queue`` and ``inject_messages`` are replaced by the policy's.
+
+def served_versions(
+    entries: Iterable[WorkerEntry],
+    policies: ToolPolicies,
+    reported: set[str] | None = None,
+) -> Served:
+    """Every version of every tool some live worker serves, governed by the orchestrator.
+
+    A tool's versions are its distinct argument schemas (:func:`schema_version`): two
+    live at once during a rolling upgrade. They are ordered for models: the version the
+    most live workers serve first, then the one whose lexically first worker comes first
+    (no worker-written timestamp decides). Of the specs of one version, the one from a
+    worker whose queue matches the policy wins, then the lexically first worker's.
+
+    Each version is routed by tool: to its tool queue (``tool:<name>:<version>``), which
+    only workers serving the tool at that version consume; a tool the policy file routes
+    by hand (its own ``queue``, or one under ``[defaults]``) goes to that queue instead.
 
     Args:
         entries: The live workers' registry entries.
         policies: The orchestrator's tool policy.
         reported: Disagreements already logged (each is logged once); none if omitted.
     """
-    offers: dict[str, list[tuple[str, ToolSpec]]] = {}
+    offers: dict[str, dict[str, list[tuple[WorkerEntry, ToolSpec]]]] = {}
     for entry in entries:
         for spec in entry.tools:
-            offers.setdefault(spec.name, []).append((entry.worker, spec))
-    tools: dict[str, ToolSpec] = {}
-    for name, offered in offers.items():
+            offers.setdefault(spec.name, {}).setdefault(spec.version, []).append((entry, spec))
+    served: Served = {}
+    for name, by_version in offers.items():
         policy = policies.for_tool(name)
-        worker, spec = min(offered, key=lambda o: (o[1].queue != policy.queue, o[0]))
-        _report(name, offered, worker, spec, policy, reported)
-        tools[name] = _governed(spec, policy)
-    return tools
+        explicit = policies.explicit_queue(name)
+        picked = {
+            version: min(offered, key=lambda o: (o[1].queue != policy.queue, o[0].worker))
+            for version, offered in by_version.items()
+        }
+        order = sorted(
+            by_version,
+            key=lambda v: (
+                -len({e.worker for e, _ in by_version[v]}),
+                picked[v][1].queue != policy.queue,
+                picked[v][0].worker,
+            ),
+        )
+        _report(name, by_version, picked[order[0]], policy, reported)
+        served[name] = {
+            version: _governed(picked[version][1], policy, explicit, by_version[version])
+            for version in order
+        }
+    return served
 
 
-def _governed(spec: ToolSpec, policy: ToolPolicy) -> ToolSpec:
+def _governed(
+    spec: ToolSpec,
+    policy: ToolPolicy,
+    explicit: str | None,
+    offered: list[tuple[WorkerEntry, ToolSpec]],
+) -> ToolSpec:
     """``spec`` with what only the orchestrator decides: where it runs, what it is sent."""
     options = {**spec.options, "inject_messages": policy.inject_messages}
-    return spec.model_copy(update={"queue": policy.queue, "options": options})
+    queue = explicit
+    if queue is None:
+        own = tool_queue(spec.name, spec.version)
+        # Workers from before routing by tool consume no tool queue: the policy's queue.
+        routed = own is not None and any(own in entry.queues for entry, _ in offered)
+        queue = own if routed else policy.queue
+    return spec.model_copy(update={"queue": queue, "options": options})
 
 
 def _report(
     name: str,
-    offered: list[tuple[str, ToolSpec]],
-    worker: str,
-    chosen: ToolSpec,
+    by_version: dict[str, list[tuple[WorkerEntry, ToolSpec]]],
+    chosen: tuple[WorkerEntry, ToolSpec],
     policy: ToolPolicy,
     reported: set[str] | None,
 ) -> None:
     """Log, once, workers that disagree about a tool or with the orchestrator's policy."""
+    offered = [(e.worker, s) for offers in by_version.values() for e, s in offers]
     variants = {spec.model_dump_json() for _, spec in offered}
-    if len(variants) == 1 and chosen.queue == policy.queue:
+    if len(variants) == 1 and chosen[1].queue == policy.queue:
         return
     fingerprint = f"{name}\x1f{sorted((w, s.model_dump_json()) for w, s in offered)}"
     if reported is not None:
@@ -119,14 +149,24 @@ def _report(
         if len(reported) > 1024:
             reported.clear()
         reported.add(fingerprint)
-    workers = ", ".join(sorted(f"{w} (queue {s.queue!r})" for w, s in offered))
+    workers = ", ".join(sorted(f"{w} (version {s.version}, queue {s.queue!r})" for w, s in offered))
+    if len(by_version) > 1:
+        log.warning(
+            "tool %s is served at %d versions: %s; models are shown version %s (of %s), "
+            "and each call runs on a worker of the version it was made with",
+            name,
+            len(by_version),
+            workers,
+            chosen[1].version,
+            chosen[0].worker,
+        )
+        return
     log.warning(
-        "workers disagree about tool %s: %s; using the spec of %s, routed to queue %r by "
-        "this orchestrator's policy",
+        "workers disagree about tool %s: %s; using the spec of %s, routed by this "
+        "orchestrator's policy",
         name,
         workers,
-        worker,
-        policy.queue,
+        chosen[0].worker,
     )
 
 
@@ -147,6 +187,7 @@ class RegistryView:
         self._lock = threading.Lock()
         self._entries: list[WorkerEntry] = []
         self._tools: Mapping[str, ToolSpec] = MappingProxyType({})
+        self._versions: Mapping[str, Mapping[str, ToolSpec]] = MappingProxyType({})
         self._read_at = float("-inf")
         self._refreshing: concurrent.futures.Future[None] | None = None
         self._background = concurrent.futures.ThreadPoolExecutor(
@@ -164,14 +205,20 @@ class RegistryView:
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._read_failed(exc)
             return
+        self._store(entries)
+
+    def _store(self, entries: list[WorkerEntry]) -> None:
+        versions = served_versions(entries, self._policies, self._reported)
         with self._lock:
             self._entries = entries
-            # Replaced whole, never mutated: readers share it without a copy.
-            self._tools = MappingProxyType(self._served(entries))
+            # Replaced whole, never mutated: readers share them without a copy.
+            self._versions = MappingProxyType(
+                {name: MappingProxyType(by) for name, by in versions.items()}
+            )
+            self._tools = MappingProxyType(
+                {name: next(iter(by.values())) for name, by in versions.items()}
+            )
             self._read_at = time.monotonic()
-
-    def _served(self, entries: list[WorkerEntry]) -> dict[str, ToolSpec]:
-        return served_tools(entries, self._policies, self._reported)
 
     def _read_failed(self, exc: Exception) -> None:
         if self._read_at != float("-inf"):
@@ -189,10 +236,7 @@ class RegistryView:
             except (redis.ConnectionError, redis.TimeoutError) as again:
                 exc = again
                 continue
-            with self._lock:
-                self._entries = entries
-                self._tools = MappingProxyType(self._served(entries))
-                self._read_at = time.monotonic()
+            self._store(entries)
             return
         raise DispatchError(f"cannot read the tool registry: {exc!r}") from exc
 
@@ -218,6 +262,12 @@ class RegistryView:
             self._refresh_in_background()
         with self._lock:
             return self._tools
+
+    def versions(self, name: str) -> Mapping[str, ToolSpec]:
+        """Every version of ``name`` served in the map last read (no read), shown-to-models
+        first; empty when none is."""
+        with self._lock:
+            return self._versions.get(name, MappingProxyType({}))
 
     def _refresh_in_background(self) -> None:
         with self._lock:

@@ -38,7 +38,6 @@ from orchestrator import CeleryToolMiddleware, ScriptedChatModel, dispatcher_for
 from orchestrator.call import PreparedCall
 from orchestrator.cli.demo import seed_workspace
 from orchestrator.cli.status import collect
-from orchestrator.dispatch.registry import read_entries
 from orchestrator.local import EmbeddedRedis, WorkerProcess
 from orchestrator.scripted import tool_calls_message
 from tests import fleet_tools
@@ -55,6 +54,7 @@ from tests.support.compose import (
 from tests.support.fleet import REPO, new_namespace, wait_started
 from tests.support.sandbox import sandbox_python
 from tool_workers.contract.broker import create_app
+from tool_workers.contract.fleet import read_entries
 from tool_workers.contract.names import task_id_for
 from tool_workers.contract.settings import Settings
 

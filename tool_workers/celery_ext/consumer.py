@@ -23,6 +23,9 @@ from vine import promise
 
 from tool_workers.celery_ext.envelope import Refusal, check_message, usable_task_id
 from tool_workers.celery_ext.event_loop import steady_retries
+from tool_workers.celery_ext.hand_on import HandOn, NotServed
+from tool_workers.contract.names import tool_from_task
+from tool_workers.observability import metrics as worker_metrics
 
 log = logging.getLogger("toolfleet.worker")
 
@@ -49,6 +52,8 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
                 return
             if self._running_here(message):
                 return
+            if self._handed_on(message):
+                return
             try:
                 handle(message)
             except connection_errors:
@@ -66,6 +71,35 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
                 )
 
         return on_task_received
+
+    def _handed_on(self, message: Any) -> bool:
+        """Hand on (or answer) a call this worker does not serve at the version asked
+        (:mod:`tool_workers.celery_ext.hand_on`); ``False``: it runs here."""
+        hand_on: HandOn | None = self.app.conf.get("toolfleet_hand_on")
+        if hand_on is None:
+            return False
+        headers = message.headers
+        name = headers.get("task")
+        tool = tool_from_task(name) if isinstance(name, str) else None
+        try:
+            queue = hand_on.target(headers)
+        except NotServed as exc:
+            task_id = usable_task_id(headers.get("id"))
+            self._refuse(message, Refusal(str(exc), task_id, name), NotServed)
+            return True
+        if queue is None:
+            return False
+        hand_on.forward(self.app, message, queue)
+        log.warning(
+            "handed call %s of %s on to queue %s (this worker does not serve it)",
+            usable_task_id(headers.get("id")) or "unusable",
+            _short(name),
+            queue,
+        )
+        metrics = worker_metrics.active()
+        if metrics is not None and tool is not None:
+            metrics.record(tool, "handed_on", self.hostname, None)
+        return True
 
     def _running_here(self, message: Any) -> bool:
         """Drop (acknowledge) a second delivery of a call this worker is running now.
@@ -109,7 +143,9 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
         super().on_invalid_task(body, message, exc)
         self._answer(message, _unreadable(message, exc))
 
-    def _refuse(self, message: Any, refusal: Refusal) -> None:
+    def _refuse(
+        self, message: Any, refusal: Refusal, kind: type[Exception] = UnreadableCall
+    ) -> None:
         # One line, naming what is wrong; never the body (it may hold secrets).
         log.error(
             "refused a message on the task queue (task %s, id %s): %s",
@@ -123,9 +159,11 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
             raise
         except Exception:  # already acknowledged, or a transport that cannot: nothing to keep
             log.debug("could not acknowledge a refused message", exc_info=True)
-        self._answer(message, refusal)
+        self._answer(message, refusal, kind)
 
-    def _answer(self, message: Any, refusal: Refusal) -> None:
+    def _answer(
+        self, message: Any, refusal: Refusal, kind: type[Exception] = UnreadableCall
+    ) -> None:
         """Store a failure for the refused call, on the reply channel it was sent with."""
         task_id = refusal.task_id
         if task_id is None:
@@ -135,7 +173,7 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
         request = Context(id=task_id, reply_to=reply_to if isinstance(reply_to, str) else None)
         try:
             self.app.backend.mark_as_failure(
-                task_id, UnreadableCall(refusal.reason), request=request, call_errbacks=False
+                task_id, kind(refusal.reason), request=request, call_errbacks=False
             )
         except Exception:  # the result store may be down too; the log line stays
             log.exception("could not record the failure of refused call %s", task_id)

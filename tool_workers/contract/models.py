@@ -12,6 +12,8 @@ the tool twice.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -23,6 +25,7 @@ from pydantic import (
     ValidationInfo,
     ValidatorFunctionWrapHandler,
     field_validator,
+    model_validator,
 )
 
 from tool_workers.contract.names import DEFAULT_QUEUE
@@ -259,6 +262,13 @@ def timeout_text(tool: str, limit: float | None) -> str:
 # -- Redis keys and channels: every name toolfleet's core uses is built here --------------
 
 
+def schema_version(parameters: Mapping[str, Any]) -> str:
+    """The version of a tool's argument schema: the first 10 hex digits of the SHA-256 of
+    its canonical JSON. Two workers serving a tool at one version take the same arguments."""
+    canonical = json.dumps(parameters, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:10]
+
+
 class ToolSpec(BaseModel):
     """What a worker publishes about one tool it serves (enough to bind and call it)."""
 
@@ -268,12 +278,24 @@ class ToolSpec(BaseModel):
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=dict)
     """JSON schema of the arguments the model fills in (injected arguments left out)."""
+    version: str = ""
+    """The schema's version (:func:`schema_version` of ``parameters``): worked out from
+    the parameters wherever a spec is read, whatever a worker wrote here."""
     return_direct: bool = False
     queue: str = DEFAULT_QUEUE
     options: dict[str, Any] = Field(default_factory=dict)
     """Policy the tool runs under: time limits, retries, idempotent, rate limit."""
     injected: InjectedArgs = Field(default_factory=lambda: InjectedArgs())
     """The graph context the tool's arguments ask for (hidden from the model)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _versioned(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            parameters = data.get("parameters")
+            version = schema_version(parameters if isinstance(parameters, Mapping) else {})
+            return {**data, "version": version}
+        return data
 
 
 class InjectedArgs(BaseModel):

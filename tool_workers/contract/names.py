@@ -6,6 +6,7 @@ deployment's key prefix (``settings.key_prefix``).
 
 from __future__ import annotations
 
+import re
 import uuid
 
 DEFAULT_QUEUE = "tools"
@@ -25,6 +26,39 @@ def task_name(tool: str) -> str:
 def tool_from_task(name: str) -> str | None:
     """Tool name of a toolfleet task name, or ``None`` for other tasks."""
     return name[len(TASK_PREFIX) :] if name.startswith(TASK_PREFIX) else None
+
+
+TOOL_QUEUE_PREFIX = "tool:"
+"""Every tool queue's name starts with this (``tool:<tool>:<schema version>``)."""
+
+
+VERSION_HEADER = "toolfleet_version"
+"""Message header: the schema version of the tool the call was made with."""
+
+HOPS_HEADER = "toolfleet_hops"
+"""Message header: how many times workers that do not serve the call handed it on."""
+
+MAX_HOPS = 3
+"""A call handed on this many times is answered with an error instead."""
+
+_ROUTABLE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+def tool_queue(tool: str, version: str) -> str | None:
+    """The queue of a tool at one schema version: only workers serving the tool at that
+    version consume it, so a call routed by tool reaches only such a worker. ``None`` for
+    a name no broker queue should carry (not letters, digits, ``_.-``, or over 128)."""
+    if not _ROUTABLE.fullmatch(tool) or not _ROUTABLE.fullmatch(version):
+        return None
+    return f"{TOOL_QUEUE_PREFIX}{tool}:{version}"
+
+
+def tool_of_queue(queue: str) -> str | None:
+    """The tool a tool queue carries (``None``: not a tool queue)."""
+    if not queue.startswith(TOOL_QUEUE_PREFIX):
+        return None
+    tool, sep, _ = queue[len(TOOL_QUEUE_PREFIX) :].rpartition(":")
+    return tool if sep and tool else None
 
 
 def call_key(thread_id: str | None, message_id: str | None, call_id: str) -> str:

@@ -118,6 +118,16 @@ class ToolPolicies(BaseModel):
             merged["soft_time_limit"] = None
         return ToolPolicy.model_validate(merged)
 
+    def explicit_queue(self, name: str) -> str | None:
+        """The queue the policy file routes ``name`` to by hand (its own ``queue``, or one
+        under ``[defaults]``), or ``None``: the tool is routed by tool (its tool queue)."""
+        overrides = self.tools.get(name) or {}
+        if "queue" in overrides:
+            return str(overrides["queue"])
+        if "queue" in self.defaults.model_fields_set:
+            return self.defaults.queue
+        return None
+
     def longest_time_limit(self) -> float:
         """The longest hard time limit any configured tool (or the defaults) has."""
         return max(

@@ -11,7 +11,9 @@ Off unless ``TOOLFLEET_METRICS_PORT`` is set; then the worker's main process ser
 for an attempt Celery retries; ``failure`` for an exception that escaped the task; and,
 for a call whose pool process could not report: ``timeout`` (the hard time limit killed
 it), ``lost`` (the pool process died under it; the call goes back to the queue) and
-``cancelled`` (revoked). One sample per attempt that ended on this worker.
+``cancelled`` (revoked); ``handed_on`` for a call this worker does not serve, passed to
+one that does (:mod:`tool_workers.celery_ext.hand_on`). One sample per attempt that
+ended on this worker.
 
 Under the prefork pool each pool process writes its samples to files of its own
 (prometheus_client's multiprocess mode) in a directory this worker alone uses, and the
@@ -52,7 +54,14 @@ CALLS = "toolfleet_worker_calls"
 DURATION = "toolfleet_worker_call_duration_seconds"
 """Histogram of how long an attempt ran on the worker, by tool and outcome."""
 
-OUTCOMES: tuple[str, ...] = ("success", *get_args(ErrorKind), "retry", "failure", "lost")
+OUTCOMES: tuple[str, ...] = (
+    "success",
+    *get_args(ErrorKind),
+    "retry",
+    "failure",
+    "lost",
+    "handed_on",
+)
 """Every value the ``outcome`` label takes."""
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

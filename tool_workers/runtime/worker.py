@@ -2,8 +2,11 @@
 
 Settings are read once, here, where the worker process starts. The tool modules named
 by ``TOOLFLEET_TOOL_MODULES`` (the built-in toolset when unset) are imported and each
-tool becomes a task ``tools.<name>``. When the worker is ready it publishes the tools it
-serves to the registry and keeps that entry fresh until it shuts down. With
+tool becomes a task ``tools.<name>``. Each tool it serves brings its tool queue
+(``tool:<name>:<schema version>``), consumed beside the ``-Q`` queues: orchestrators
+route calls there, so a call reaches only a worker that serves its tool at the schema
+the model was shown. When the worker is ready it publishes the tools it serves (and all
+its queues) to the registry and keeps that entry fresh until it shuts down. With
 ``TOOLFLEET_METRICS_PORT`` set, its main process serves Prometheus metrics
 (:mod:`tool_workers.observability.metrics`).
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from celery import Celery, signals
@@ -20,6 +24,7 @@ from pydantic import ValidationError
 
 from tool_workers.builtin.supervisor import make_undumpable
 from tool_workers.celery_ext.event_loop import LimitWatchdog, spare_storing_calls
+from tool_workers.celery_ext.hand_on import HandOn
 from tool_workers.celery_ext.lease import Lease, start_lease, stop_stale_calls
 from tool_workers.celery_ext.redaction import quiet_celery_trace
 from tool_workers.celery_ext.soft_limit import mark, share_phases
@@ -30,6 +35,7 @@ from tool_workers.contract.connections import redis_client
 from tool_workers.contract.errors import ConfigError, ToolfleetError
 from tool_workers.contract.logs import install_formatters, settings_fields
 from tool_workers.contract.models import ToolSpec
+from tool_workers.contract.names import tool_queue
 from tool_workers.contract.placeholders import refuse_placeholders
 from tool_workers.contract.settings import Settings, settings_error
 from tool_workers.observability import metrics, tracing
@@ -38,6 +44,13 @@ from tool_workers.runtime.registry import RegistryPublisher, build_entry
 from tool_workers.runtime.tasks import register_tools
 
 log = logging.getLogger("toolfleet.worker")
+
+
+def serving(app: Celery, tools: Iterable[ToolSpec]) -> list[ToolSpec]:
+    """The tools a worker of ``app`` serves: those its policy routes to a queue the worker
+    consumes (``-Q``)."""
+    consumed = {plain_queue_name(app, name) for name in app.amqp.queues.consume_from}
+    return [spec for spec in tools if spec.queue in consumed]
 
 
 def _start() -> tuple[Settings, Celery, dict[str, ToolSpec]]:
@@ -96,6 +109,22 @@ def _start_metrics(**_: Any) -> None:
 def _harden_pool_process(**_: Any) -> None:
     # Inherited across fork already; again in case the pool was started another way.
     make_undumpable()
+
+
+@signals.celeryd_after_setup.connect  # type: ignore[untyped-decorator]  # celery is unannotated
+def _consume_tool_queues(instance: Any, **_: Any) -> None:
+    # After -Q is applied: each tool this worker serves (routed to a queue it consumes)
+    # also brings its tool queue, where orchestrators route calls of that tool by default.
+    queues = instance.app.amqp.queues
+    served = serving(instance.app, specs.values())
+    for spec in served:
+        name = tool_queue(spec.name, spec.version)
+        if name is not None:
+            queues.select_add(queues[name])
+    # A call of a tool this worker does not serve (at the version asked) is handed on.
+    instance.app.conf.toolfleet_hand_on = HandOn(
+        settings, {spec.name: spec.version for spec in served}
+    )
 
 
 @signals.worker_ready.connect  # type: ignore[untyped-decorator]  # celery is unannotated
