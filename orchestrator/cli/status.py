@@ -1,4 +1,5 @@
-"""``toolfleet status``: workers online, queue depths, tools per queue, in-flight calls.
+"""``toolfleet status``: workers online, queue depths, tools per queue, in-flight calls,
+the routing of each tool, and what an autoscaler watches for each kind of worker.
 
 Where each number comes from:
 
@@ -13,6 +14,13 @@ Where each number comes from:
   namespace prefix.) On RabbitMQ the depth is the message count of a passive
   ``queue_declare`` of the queue's broker name (ready messages: those delivered to a
   worker and not yet acknowledged are not counted either).
+* **routing**: each served version of each tool, the queue this orchestrator's policy
+  routes it to (its tool queue ``tool:<name>:<version>`` unless the policy file names a
+  queue) and the workers serving it; a warning for each queue consumed by a worker that
+  does not serve a tool sent there (such calls are handed on, a hop each).
+* **worker kinds**: workers grouped by node name before ``@``, with the broker keys of
+  the queues they consume (the Redis lists, or RabbitMQ queues, an autoscaler watches)
+  and the calls waiting there.
 * **in-flight calls**: Celery's ``inspect active`` sent to the registered workers: the
   calls a worker has started and not finished, answered by the workers themselves. One
   broadcast that returns as soon as every registered worker replied (at most
@@ -48,8 +56,10 @@ import redis
 from celery import Celery
 from kombu.transport.redis import PRIORITY_STEPS, Channel
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from orchestrator.dispatch.registry import served_versions
 from tool_workers.contract.amqp import broker_queue_name
 from tool_workers.contract.broker import create_app
 from tool_workers.contract.connections import redis_client
@@ -59,6 +69,7 @@ from tool_workers.contract.names import (
     REGISTRY_TTL_REFRESHES,
     placement_pattern,
     tool_from_task,
+    tool_queue,
     worker_processes_key,
 )
 from tool_workers.contract.settings import Settings
@@ -89,6 +100,32 @@ class QueueStatus:
 
 
 @dataclass(frozen=True)
+class ToolRoute:
+    """One served version of a tool: where this orchestrator's policy routes its calls."""
+
+    tool: str
+    version: str
+    queue: str
+    """The queue calls of this version go to (its tool queue unless routed by hand)."""
+    workers: list[str]
+    """Live workers serving the tool at this version."""
+    shown: bool
+    """Whether models are shown this version (the others serve calls made with theirs)."""
+
+
+@dataclass(frozen=True)
+class WorkerKind:
+    """Workers of one kind (their node name before ``@``): what an autoscaler watches."""
+
+    kind: str
+    workers: int
+    queues: list[str]
+    keys: list[str]
+    """The Redis lists (or RabbitMQ queues) its calls wait in, as the broker names them."""
+    waiting: int
+
+
+@dataclass(frozen=True)
 class InFlightCall:
     """A call a worker is running now."""
 
@@ -114,6 +151,12 @@ class FleetStatus:
     """Where the tools of the agents of live orchestrator processes run (one per process)."""
     duplicates: list[str] = field(default_factory=list)
     """Node names more than one worker process answered as."""
+    routes: list[ToolRoute] = field(default_factory=list)
+    """Per tool and served version: its queue and the workers serving it."""
+    kinds: list[WorkerKind] = field(default_factory=list)
+    """Per worker kind: the queues and broker keys its calls wait in."""
+    warnings: list[str] = field(default_factory=list)
+    """Routing problems: a queue whose consumers do not all serve the tools sent there."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form (``toolfleet status --json``)."""
@@ -135,6 +178,9 @@ def collect(settings: Settings, *, app: Celery | None = None, timeout: float = 2
     try:
         entries = read_entries(client, settings.key_prefix)
         queues = _queues(client, settings, entries, app)
+        routes = tool_routes(entries, settings)
+        kinds = worker_kinds(settings, entries, app, {q.name: q.depth for q in queues})
+        warnings = routing_warnings(entries, routes)
         placement = live_placement(_placement(client, settings))
         duplicates = _twins(client, settings, [e.worker for e in entries])
     finally:
@@ -164,8 +210,133 @@ def collect(settings: Settings, *, app: Celery | None = None, timeout: float = 2
         for task in tasks
     ]
     return FleetStatus(
-        settings.namespace, workers, queues, in_flight, unresponsive, placement, duplicates
+        settings.namespace,
+        workers,
+        queues,
+        in_flight,
+        unresponsive,
+        placement,
+        duplicates,
+        routes,
+        kinds,
+        warnings,
     )
+
+
+def tool_routes(entries: list[WorkerEntry], settings: Settings) -> list[ToolRoute]:
+    """Every served version of every tool, routed as this orchestrator's policy routes it."""
+    offered: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for entry in entries:
+        for spec in entry.tools:
+            offered[(spec.name, spec.version)].append(entry.worker)
+    routes = []
+    for name, versions in sorted(served_versions(entries, settings.policies()).items()):
+        for i, (version, spec) in enumerate(versions.items()):
+            workers = sorted(offered[(name, version)])
+            routes.append(ToolRoute(name, version, spec.queue, workers, i == 0))
+    return routes
+
+
+def routing_warnings(entries: list[WorkerEntry], routes: list[ToolRoute]) -> list[str]:
+    """A queue whose consumers do not all serve a tool routed there (by the policy, or by
+    the workers' own policy on a shared queue such as ``tools``)."""
+    consumers: dict[str, list[WorkerEntry]] = defaultdict(list)
+    for entry in entries:
+        for queue in entry.queues:
+            consumers[queue].append(entry)
+    sent: dict[str, set[str]] = defaultdict(set)
+    for route in routes:
+        sent[route.queue].add(route.tool)
+    for entry in entries:
+        for spec in entry.tools:
+            if spec.queue in entry.queues:
+                sent[spec.queue].add(spec.name)
+    warnings = []
+    for queue, tools in sorted(sent.items()):
+        for tool in sorted(tools):
+            missing = sorted(
+                e.worker for e in consumers.get(queue, []) if tool not in {t.name for t in e.tools}
+            )
+            if not missing:
+                continue
+            how = (
+                "routed there by the policy file"
+                if any(r.queue == queue and r.tool == tool for r in routes)
+                else "published there by hand or by an older orchestrator"
+            )
+            warnings.append(
+                f"queue {queue!r}: {', '.join(missing)} consume(s) it but do not serve "
+                f"{tool} ({how}); such calls are handed on to a worker that serves it"
+            )
+    return warnings
+
+
+def kind_of(worker: str) -> str:
+    """A worker's kind: its node name before ``@`` (``-n builtins@%h`` -> ``builtins``)."""
+    return worker.partition("@")[0]
+
+
+def broker_key(settings: Settings, app: Celery, queue: str) -> str:
+    """The name the broker keeps ``queue`` under: the Redis list kombu pushes calls onto
+    (``<namespace>:<queue>``; a priority call goes to ``<key>\\x06\\x16<n>``), or the
+    RabbitMQ queue."""
+    if settings.broker_is_amqp:
+        return broker_queue_name(app, queue)
+    return f"{settings.namespace}:{queue}" if settings.namespace else queue
+
+
+def worker_kinds(
+    settings: Settings, entries: list[WorkerEntry], app: Celery, depths: dict[str, int]
+) -> list[WorkerKind]:
+    """Each worker kind's queues, the broker keys its calls wait in, and how many wait."""
+    workers: dict[str, int] = defaultdict(int)
+    queues: dict[str, set[str]] = defaultdict(set)
+    for entry in entries:
+        kind = kind_of(entry.worker)
+        workers[kind] += 1
+        queues[kind].update(entry.queues)
+    return [
+        WorkerKind(
+            kind,
+            workers[kind],
+            sorted(queues[kind]),
+            [broker_key(settings, app, q) for q in sorted(queues[kind])],
+            sum(depths.get(q, 0) for q in queues[kind]),
+        )
+        for kind in sorted(workers)
+    ]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Calls waiting in the broker: per queue, per tool and per worker kind."""
+
+    queues: dict[str, int]
+    tools: dict[str, int]
+    """A tool's calls in its tool queues, and in a queue the policy routes it alone to."""
+    kinds: dict[str, int]
+    """Calls waiting in the queues each kind of worker consumes."""
+
+
+def read_waiting(settings: Settings, app: Celery) -> Waiting:
+    """Calls waiting now, for Prometheus (``toolfleet serve``'s ``/metrics``)."""
+    client = redis_client(settings.own_redis_url, settings)
+    try:
+        entries = read_entries(client, settings.key_prefix)
+        queues = _queues(client, settings, entries, app)
+    finally:
+        client.close()
+    depths = {q.name: q.depth for q in queues}
+    routes = tool_routes(entries, settings)
+    carried: dict[str, set[str]] = defaultdict(set)
+    for route in routes:
+        carried[route.queue].add(route.tool)
+    tools: dict[str, int] = defaultdict(int)
+    for queue, names in carried.items():
+        if len(names) == 1:
+            tools[next(iter(names))] += depths.get(queue, 0)
+    kinds = {k.kind: k.waiting for k in worker_kinds(settings, entries, app, depths)}
+    return Waiting(depths, dict(tools), kinds)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -244,6 +415,9 @@ def _queues(
             consumers[queue] += 1
         for spec in entry.tools:
             tools[spec.queue].add(spec.name)
+            own = tool_queue(spec.name, spec.version)
+            if own in entry.queues:
+                tools[own].add(spec.name)
     policies = settings.policies()
     # Configured queues too: a queue no worker consumes is the one whose calls wait.
     names = set(consumers) | {policies.defaults.queue}
@@ -316,6 +490,23 @@ def render(status: FleetStatus, console: Console) -> None:
             served = "[red]none: calls here wait[/]"
         queues.add_row(q.name, str(q.depth), str(q.workers), served)
     console.print(queues)
+
+    routes = Table(title="Tools", title_justify="left")
+    for column in ("tool", "version", "queue", "workers"):
+        routes.add_column(column, overflow="fold")
+    for r in status.routes:
+        version = r.version if r.shown else f"{r.version} [dim](older calls)[/]"
+        routes.add_row(r.tool, version, r.queue, ", ".join(r.workers))
+    console.print(routes)
+
+    kinds = Table(title="Worker kinds (what an autoscaler watches)", title_justify="left")
+    for column in ("kind", "workers", "waiting", "broker keys"):
+        kinds.add_column(column, overflow="fold")
+    for k in status.kinds:
+        kinds.add_row(k.kind, str(k.workers), str(k.waiting), ", ".join(k.keys))
+    console.print(kinds)
+    for warning in status.warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}")
 
     calls = Table(title=f"In-flight calls: {len(status.in_flight)}", title_justify="left")
     for column in ("tool", "worker", "call", "running"):

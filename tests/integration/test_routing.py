@@ -8,20 +8,25 @@ does not serve it (a stale route, a hand-published message) is handed on.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
 from orchestrator import dispatcher_for
 from orchestrator.agent import build_agent
 from orchestrator.call import PreparedCall
+from orchestrator.cli.status import collect, kind_of, read_waiting
 from orchestrator.scripted import ScriptedChatModel, tool_calls_message
 from orchestrator.tools import RemoteTool
-from tool_workers.contract.names import task_id_for, tool_queue
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.models import ToolSpec, WorkerEntry
+from tool_workers.contract.names import task_id_for, tool_queue, worker_registry_key
 from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(240)
@@ -58,13 +63,15 @@ def served(settings: Settings, tool: str, versions: int, timeout: float = 30.0) 
 
 
 def test_two_worker_kinds_on_one_queue_answer_every_call(
-    make_settings: Callable[..., Settings], start_worker: Callable[..., Any]
+    make_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    broker_settings: dict[str, Any],
 ) -> None:
     """Given the README's two-kinds setup (one worker serving the built-in toolset and one
     serving the project's own tools, both started with ``-Q tools``), when three rounds of
     six ``add`` and six ``echo`` calls run, then all 36 are answered by a worker that
-    serves them."""
-    settings = make_settings()
+    serves them, and ``toolfleet status`` shows each tool on its own queue and kind."""
+    settings = make_settings(**broker_settings)
     start_worker(settings, name="builtins", queues=("tools",), extra_env=BUILTIN)
     start_worker(settings, name="project", queues=("tools",))
     served(settings, "echo", 1)
@@ -83,6 +90,17 @@ def test_two_worker_kinds_on_one_queue_answer_every_call(
     assert sorted(str(m.content) for m in messages if m.name == "echo") == sorted(
         [f"hello {i}" for i in range(6)] * 3
     )
+
+    status = collect(settings, timeout=5.0)
+    routes = {r.tool: r for r in status.routes}
+    assert routes["add"].queue == tool_queue("add", routes["add"].version)
+    assert [kind_of(w) for w in routes["add"].workers] == ["project"]
+    assert [kind_of(w) for w in routes["echo"].workers] == ["builtins"]
+    # Both kinds consume "tools" and serve different tools: said.
+    assert any("'tools'" in w and "do not serve add" in w for w in status.warnings)
+    kinds = {k.kind: k for k in status.kinds}
+    assert routes["add"].queue in kinds["project"].queues
+    assert routes["add"].queue not in kinds["builtins"].queues
 
 
 def test_two_versions_of_a_tool_live_at_once_each_call_runs_on_its_version(
@@ -114,6 +132,55 @@ def test_two_versions_of_a_tool_live_at_once_each_call_runs_on_its_version(
     agent = build_agent(settings, model=rounds([[("add", {"a": 1, "b": 2, "c": 3})]]), tools=[])
     got = answers(agent.invoke({"messages": [HumanMessage("go")]}))
     assert [m.content for m in got] == ["v2:6"]
+
+
+def test_waiting_calls_are_counted_per_queue_tool_and_worker_kind(
+    make_settings: Callable[..., Settings], broker_settings: dict[str, Any]
+) -> None:
+    """Given a worker kind registered for ``add`` that takes nothing (its entry only),
+    when three calls of ``add`` are published, then they wait in the tool queue the
+    status names for that kind, and the gauges' reading counts them per queue, per tool
+    and per kind."""
+    settings = make_settings(**broker_settings)
+    spec = ToolSpec(name="add", parameters={"properties": {"a": {}, "b": {}}})
+    queue = tool_queue("add", spec.version)
+    assert queue is not None
+    entry = WorkerEntry(
+        worker=f"gpu@{socket.gethostname()}", pid=1, queues=["tools", queue], tools=[spec],
+        updated_at=time.time(),
+    )  # fmt: skip
+    client = redis.Redis.from_url(settings.own_redis_url)
+    client.set(worker_registry_key(settings.key_prefix, entry.worker), entry.model_dump_json())
+    dispatcher = dispatcher_for(settings=settings)
+    dispatcher.served_tools(fresh=True)
+    routed = dispatcher.served_versions("add")[spec.version]
+    assert routed.queue == queue
+    calls = [prepare_call(f"wait-{i}-{time.monotonic_ns()}", routed) for i in range(3)]
+    dispatcher.submit(calls)
+    app = create_app(settings)
+    try:
+        waiting = read_waiting(settings, app)
+        status = collect(settings, app=app, timeout=0.5)
+    finally:
+        app.close()
+        dispatcher.cancel(calls)
+        client.delete(worker_registry_key(settings.key_prefix, entry.worker))
+        client.close()
+
+    assert waiting.queues[queue] == 3
+    assert waiting.tools["add"] == 3
+    assert waiting.kinds["gpu"] == 3
+    (kind,) = status.kinds
+    assert kind.kind == "gpu" and kind.waiting == 3
+    expected = f"{settings.namespace}:{queue}"
+    assert expected in kind.keys
+
+
+def prepare_call(call_id: str, spec: ToolSpec) -> PreparedCall:
+    return PreparedCall(
+        tool="add", call_id=call_id, args={"a": 1, "b": 2}, task_id=task_id_for(call_id),
+        queue=spec.queue, spec=spec,
+    )  # fmt: skip
 
 
 def test_a_call_on_a_worker_that_does_not_serve_it_is_handed_on(

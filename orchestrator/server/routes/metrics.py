@@ -12,19 +12,33 @@ tokens); it shows counts and timings, never a run's content. Series::
                                           call to the worker's start notice
     toolfleet_server_call_result_wait_seconds{tool}         histogram: from publishing a
                                           call to its result arriving
+    toolfleet_queue_waiting_calls{queue}  calls waiting in the broker, per queue
+    toolfleet_tool_waiting_calls{tool}    per tool (its tool queues)
+    toolfleet_worker_kind_waiting_calls{kind}  in the queues a kind of worker consumes
+                                          (node name before ``@``): what to scale it on
+
+The waiting calls are read from the broker at most every :data:`WAITING_SECONDS`
+(``LLEN`` pipeline on Redis, passive declares on RabbitMQ), whichever replica scrapes.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Iterator
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
 
+from orchestrator.cli.status import Waiting, read_waiting
 from orchestrator.dispatch.timings import CallTimings
 from orchestrator.server.services import Services
+
+log = logging.getLogger("toolfleet.server")
 
 router = APIRouter(tags=["system"])
 
@@ -63,9 +77,29 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
+WAITING_SECONDS = 2.0
+"""How long a read of the broker's waiting calls is reused between scrapes."""
+
+
 class _Gauges:
     def __init__(self, svc: Services) -> None:
         self._svc = svc
+        self._waiting: Waiting | None = None
+        self._read_at = float("-inf")
+        self._lock = threading.Lock()
+
+    def waiting(self) -> Waiting | None:
+        """The broker's waiting calls (cached; ``None`` when the broker cannot be read)."""
+        with self._lock:
+            if time.monotonic() - self._read_at > WAITING_SECONDS:
+                dispatcher = self._svc.dispatcher
+                try:
+                    self._waiting = read_waiting(dispatcher.settings, dispatcher.app)
+                except Exception as exc:  # a scrape shows what it can
+                    log.warning("cannot read the waiting calls: %r", exc)
+                    self._waiting = None
+                self._read_at = time.monotonic()
+            return self._waiting
 
     def collect(self) -> Iterator[Metric]:
         runs = self._svc.runs
@@ -84,6 +118,23 @@ class _Gauges:
             "Tool calls this replica waits on.",
             self._svc.dispatcher.in_flight(),
         )
+        waiting = self.waiting()
+        if waiting is None:
+            return
+        for name, label, doc, values in (
+            ("toolfleet_queue_waiting_calls", "queue", "per queue", waiting.queues),
+            ("toolfleet_tool_waiting_calls", "tool", "per tool", waiting.tools),
+            (
+                "toolfleet_worker_kind_waiting_calls",
+                "kind",
+                "in the queues each kind of worker consumes",
+                waiting.kinds,
+            ),
+        ):
+            family = GaugeMetricFamily(name, f"Calls waiting in the broker, {doc}.", labels=[label])
+            for key, value in sorted(values.items()):
+                family.add_metric([key], value)
+            yield family
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
@@ -102,4 +153,5 @@ def attach(app: FastAPI, svc: Services) -> ServerMetrics:
 async def metrics(request: Request) -> Response:
     """Prometheus exposition of this replica's runs and tool calls."""
     found: ServerMetrics = request.app.state.metrics
-    return Response(found.render(), media_type=CONTENT_TYPE_LATEST)
+    # The waiting calls are read from the broker: off the event loop.
+    return Response(await run_in_threadpool(found.render), media_type=CONTENT_TYPE_LATEST)
