@@ -12,6 +12,8 @@ project runs under either server:
   installed here.
 * ``env``: an env file (relative to the file) or a mapping. A variable the process
   environment already sets keeps its value, so a deployment can override the file.
+  A relative ``TOOLFLEET_CONFIG`` there is relative to the file that sets it; with none
+  set, the tool policy is ``config/toolfleet.toml`` beside the project file, if any.
 
 Other keys (``python_version``, ``dockerfile_lines``, ``http``, ...) concern LangGraph's
 own build and platform, and are ignored.
@@ -36,6 +38,7 @@ from langgraph.pregel import Pregel
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tool_workers.contract.errors import ConfigError
+from tool_workers.contract.settings import DEFAULT_CONFIG_PATH
 
 
 class _GraphEntry(BaseModel):
@@ -92,9 +95,19 @@ class Project:
     """Environment variables of the project (from its file or mapping)."""
 
     def apply_env(self) -> None:
-        """Set the project's environment variables the process does not set already."""
+        """Set the project's environment variables the process does not set already.
+
+        The tool policy file is found next to the project: ``TOOLFLEET_CONFIG`` from the
+        project's env is relative to the file that sets it, and with none set anywhere
+        ``config/toolfleet.toml`` beside the project file is used when it exists (never
+        one that merely lies under the shell's current directory).
+        """
         for name, value in self.env.items():
             os.environ.setdefault(name, value)
+        if "TOOLFLEET_CONFIG" not in os.environ:
+            beside = self.path.parent / DEFAULT_CONFIG_PATH
+            if beside.is_file():
+                os.environ["TOOLFLEET_CONFIG"] = str(beside)
 
     def load(self) -> list[ProjectGraph]:
         """Import every graph (after putting the dependencies on the import path).
@@ -142,13 +155,23 @@ def _env(value: str | dict[str, str] | None, base: Path, path: Path) -> dict[str
     if value is None:
         return {}
     if isinstance(value, dict):
-        return dict(value)
+        return _located(dict(value), base)
     from dotenv import dotenv_values
 
     env_file = (base / value).resolve()
     if not env_file.is_file():
         raise ConfigError(f"project file {path}: env file {env_file} not found")
-    return {k: v for k, v in dotenv_values(env_file).items() if v is not None}
+    found = {k: v for k, v in dotenv_values(env_file).items() if v is not None}
+    return _located(found, env_file.parent)
+
+
+def _located(env: dict[str, str], base: Path) -> dict[str, str]:
+    """``env`` with a relative ``TOOLFLEET_CONFIG`` made relative to ``base``, the folder
+    of the file that names it (not the shell's current directory)."""
+    named = env.get("TOOLFLEET_CONFIG")
+    if named and not Path(named).is_absolute():
+        env["TOOLFLEET_CONFIG"] = str((base / named).resolve())
+    return env
 
 
 def import_graph(spec: GraphSpec, base: Path) -> ProjectGraph:

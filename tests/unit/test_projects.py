@@ -240,3 +240,43 @@ def test_given_the_servers_graph_ids_then_the_builtin_agent_keeps_langgraphs_id(
 
     expected = uuid.uuid5(uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8"), "agent")
     assert str(expected) == ASSISTANT_ID
+
+
+POLICY = '[tools.add]\nqueue = "math"\n'
+
+
+@pytest.mark.parametrize("named_by", ["beside", "env_file", "mapping"])
+def test_the_tool_policy_is_found_next_to_the_project_not_the_shells_folder(
+    named_by: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a project folder with its policy file, run from another folder that has a
+    policy file of its own, when the project's env is applied, then the project's policy
+    is the one read: ``config/toolfleet.toml`` beside ``langgraph.json``, or the relative
+    ``TOOLFLEET_CONFIG`` its env file or mapping names, relative to that file."""
+    from tool_workers.contract.settings import Settings
+
+    project = tmp_path / "project"
+    (project / "config").mkdir(parents=True)
+    (project / "settings").mkdir()
+    elsewhere = tmp_path / "shell"
+    (elsewhere / "config").mkdir(parents=True)
+    (elsewhere / "config" / "toolfleet.toml").write_text('[tools.add]\nqueue = "wrong"\n')
+    manifest: dict[str, Any] = {"graphs": {"g": "./g.py:graph"}}
+    if named_by == "beside":
+        (project / "config" / "toolfleet.toml").write_text(POLICY)
+    elif named_by == "env_file":
+        (project / "settings" / "policy.toml").write_text(POLICY)
+        (project / "settings" / ".env").write_text("TOOLFLEET_CONFIG=policy.toml\n")
+        manifest["env"] = "settings/.env"
+    else:
+        (project / "settings" / "policy.toml").write_text(POLICY)
+        manifest["env"] = {"TOOLFLEET_CONFIG": "settings/policy.toml"}
+    (project / "langgraph.json").write_text(json.dumps(manifest))
+    monkeypatch.chdir(elsewhere)
+    # Recorded, so what apply_env sets is undone after the test.
+    monkeypatch.setenv("TOOLFLEET_CONFIG", "")
+    monkeypatch.delenv("TOOLFLEET_CONFIG")
+
+    read_project(project / "langgraph.json").apply_env()
+
+    assert Settings().policies().for_tool("add").queue == "math"
