@@ -85,6 +85,7 @@ def served_versions(
         policies: The orchestrator's tool policy.
         reported: Disagreements already logged (each is logged once); none if omitted.
     """
+    entries = list(entries)
     offers: dict[str, dict[str, list[tuple[WorkerEntry, ToolSpec]]]] = {}
     for entry in entries:
         for spec in entry.tools:
@@ -106,6 +107,8 @@ def served_versions(
             ),
         )
         _report(name, by_version, picked[order[0]], policy, reported)
+        if explicit is not None:
+            _report_by_hand(name, explicit, entries, reported)
         served[name] = {
             version: _governed(picked[version][1], policy, explicit, by_version[version])
             for version in order
@@ -167,6 +170,32 @@ def _report(
         name,
         workers,
         chosen[0].worker,
+    )
+
+
+def _report_by_hand(
+    name: str, queue: str, entries: list[WorkerEntry], reported: set[str] | None
+) -> None:
+    """Log, once, a queue the policy routes ``name`` to whose consumers do not all serve
+    it (each such consumer hands the call on: a hop, or an error if none serves it)."""
+    missing = sorted(
+        e.worker for e in entries if queue in e.queues and name not in {t.name for t in e.tools}
+    )
+    if not missing:
+        return
+    fingerprint = f"by-hand\x1f{name}\x1f{queue}\x1f{missing}"
+    if reported is not None:
+        if fingerprint in reported:
+            return
+        reported.add(fingerprint)
+    log.warning(
+        "the policy file routes %s to queue %r, but %s consume(s) that queue without "
+        "serving %s: calls they receive are handed on; remove the tool's queue from the "
+        "policy to route it by tool",
+        name,
+        queue,
+        ", ".join(missing),
+        name,
     )
 
 

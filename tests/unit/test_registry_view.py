@@ -175,3 +175,51 @@ def test_given_a_stale_map_then_it_is_served_at_once_and_read_again_in_the_backg
     assert set(view.tools()) == {"ls"}
     view.close()
     assert client.closed
+
+
+def test_each_version_is_routed_to_its_tool_queue_unless_the_policy_names_a_queue(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Given ``add`` served at two schema versions (two workers on the new one) and ``grep``
+    routed by hand, when the served versions are worked out, then the version most workers
+    serve is shown first, each version goes to its own tool queue, a worker from before
+    routing by tool (no tool queue) keeps the policy's queue, and a queue named by hand
+    whose consumer does not serve the tool is logged once."""
+    from orchestrator.dispatch.registry import served_versions
+    from tool_workers.contract.models import ToolSpec, WorkerEntry
+    from tool_workers.contract.names import tool_queue
+    from tool_workers.contract.settings import ToolPolicies
+
+    old = ToolSpec(name="add", parameters={"properties": {"a": {}, "b": {}}})
+    new = ToolSpec(name="add", parameters={"properties": {"a": {}, "b": {}, "c": {}}})
+    grep = ToolSpec(name="grep", queue="files")
+    legacy = ToolSpec(name="echo")
+
+    def entry(worker: str, *specs: ToolSpec, queues: tuple[str, ...] = ("tools",)) -> WorkerEntry:
+        own = [q for s in specs if (q := tool_queue(s.name, s.version)) is not None]
+        return WorkerEntry(
+            worker=worker, pid=1, queues=[*queues, *own], tools=list(specs), updated_at=0
+        )
+
+    entries = [
+        entry("a-old", old),
+        entry("b-new", new),
+        entry("c-new", new),
+        entry("files", grep, queues=("files",)),
+        entry("stranger", queues=("files",)),
+        WorkerEntry(worker="z-legacy", pid=1, queues=["tools"], tools=[legacy], updated_at=0),
+    ]
+    policies = ToolPolicies.model_validate({"tools": {"grep": {"queue": "files"}}})
+    reported: set[str] = set()
+
+    with caplog.at_level("WARNING", logger="toolfleet.registry"):
+        first = served_versions(entries, policies, reported)
+        served_versions(entries, policies, reported)
+
+    assert list(first["add"]) == [new.version, old.version]
+    assert first["add"][new.version].queue == tool_queue("add", new.version)
+    assert first["add"][old.version].queue == tool_queue("add", old.version)
+    assert first["grep"][grep.version].queue == "files"
+    assert first["echo"][legacy.version].queue == "tools"
+    by_hand = [r for r in caplog.records if "routes grep to queue 'files'" in r.getMessage()]
+    assert len(by_hand) == 1 and "stranger" in by_hand[0].getMessage()
