@@ -45,27 +45,51 @@ COUNT_LINES = (
 )
 
 
-def scripted_model(workspace: Path | None = None) -> ScriptedChatModel:
+PROJECT_TOOLS_MODULE = "inventory_tools"
+"""The sample project's own tools (:data:`PROJECT_TOOLS`), served by a worker of their own
+kind in ``toolfleet demo``."""
+
+PROJECT_TOOLS = '''"""The inventory team's own tools: they import the service's code."""
+
+from langchain_core.tools import tool
+
+from inventory.stock import level
+
+
+@tool
+def stock_level(item: str, warehouse: str) -> str:
+    """How many of an item a warehouse holds, from the inventory service itself."""
+    return f"{level(item, warehouse)} {item} in {warehouse}"
+'''
+
+
+def scripted_model(
+    workspace: Path | None = None, *, project_tools: bool = False
+) -> ScriptedChatModel:
     """The deterministic demo model: one fan-out of tool calls, then a summary of results.
 
     Args:
         workspace: The workers' workspace root as the sandbox sees it (the demo's local
             one); ``None`` for a remote fleet, where ``run_python`` counts from ``.``.
+        project_tools: Also call the sample project's own tool (``stock_level``), which
+            the demo's second kind of worker serves.
     """
     code = COUNT_LINES.format(root=workspace or ".")
 
     def policy(messages: Sequence[BaseMessage]) -> AIMessage:
         if messages[-1].type == "human":
+            calls: list[tuple[str, dict[str, object]]] = [
+                ("list_dir", {"path": "."}),
+                ("list_dir", {"path": "inventory"}),
+                ("grep", {"pattern": "TODO"}),
+                ("read_file", {"path": "README.md"}),
+                ("run_python", {"code": code}),
+                ("sleep", {"seconds": 0.5}),
+            ]
+            if project_tools:
+                calls.append(("stock_level", {"item": "bolt", "warehouse": "north"}))
             return tool_calls_message(
-                [
-                    ("list_dir", {"path": "."}),
-                    ("list_dir", {"path": "inventory"}),
-                    ("grep", {"pattern": "TODO"}),
-                    ("read_file", {"path": "README.md"}),
-                    ("run_python", {"code": code}),
-                    ("sleep", {"seconds": 0.5}),
-                ],
-                content="I'll look at the workspace from several angles at once.",
+                calls, content="I'll look at the workspace from several angles at once."
             )
         return AIMessage(content=_summarise([m for m in messages if isinstance(m, ToolMessage)]))
 
@@ -89,6 +113,9 @@ def _summarise(results: list[ToolMessage]) -> str:
         f"{len(todos)} TODOs are open:",
         *[f"  - {todo.strip()}" for todo in todos],
     ]
+    stock = by_tool.get("stock_level")
+    if stock:
+        lines.append(f"The inventory service reports {stock[0].strip()}.")
     return "\n".join(lines)
 
 

@@ -28,10 +28,13 @@ def demo(
         typer.Option(help="Chat model as provider:name (init_chat_model); scripted if omitted."),
     ] = None,
     prompt: Annotated[str | None, typer.Option(help="What the user asks the agent.")] = None,
-    workers: Annotated[int, typer.Option(min=1, help="Worker processes to start.")] = 2,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Workers of the built-in toolset to start.")
+    ] = 2,
     concurrency: Annotated[int, typer.Option(min=1, help="Pool processes per worker.")] = 2,
 ) -> None:
-    """Start an embedded server and two workers, run an agent across them, stop them all."""
+    """Start an embedded server and two kinds of worker, run an agent across them, stop them
+    all."""
     from orchestrator.cli.demo import run_demo
     from orchestrator.sample import DEFAULT_PROMPT
 

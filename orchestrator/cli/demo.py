@@ -1,8 +1,10 @@
 """``toolfleet demo``: a whole fleet on this machine, one agent run, every process stopped.
 
-Starts an embedded Redis-compatible server, two tool workers with the stock Celery CLI,
-and runs an agent whose tool calls fan out across them; prints, for each call, which
-worker process ran it and for how long, then the answer.
+Starts an embedded Redis-compatible server and two kinds of tool worker with the stock
+Celery CLI, all on the queue ``tools``: two workers of the built-in toolset and one of the
+sample project's own tools (``stock_level``, importing the project's code). Runs an agent
+whose tool calls fan out across them; prints, for each call, which worker process ran it
+(each call on a worker of its kind) and for how long, then the answer.
 
 Ctrl-C at any moment stops everything the demo started within a few seconds: the server
 and the workers run in sessions of their own, so the terminal's SIGINT reaches this process
@@ -15,12 +17,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -37,7 +40,13 @@ from orchestrator.cli.progress import InFlight, cli_console
 from orchestrator.dispatch.fleet import close_all, dispatcher_for
 from orchestrator.local import EmbeddedRedis, WorkerProcess
 from orchestrator.middleware import CeleryToolMiddleware
-from orchestrator.sample import DEFAULT_PROMPT, scripted_model, seed_workspace
+from orchestrator.sample import (
+    DEFAULT_PROMPT,
+    PROJECT_TOOLS,
+    PROJECT_TOOLS_MODULE,
+    scripted_model,
+    seed_workspace,
+)
 from orchestrator.scripted import SCRIPTED
 from orchestrator.tools import discover_tools
 from tool_workers.contract.settings import DEFAULT_CONFIG_PATH, Settings
@@ -45,6 +54,8 @@ from tool_workers.contract.settings import DEFAULT_CONFIG_PATH, Settings
 # Seconds a worker gets to finish its calls: a normal end lets them finish; after Ctrl-C
 # the user wants out, and the calls' results have no one left to read them.
 STOP_GRACE = 10.0
+FAN_OUT = 32
+"""Tool calls of one model turn sent at once."""
 INTERRUPT_GRACE = 2.0
 
 
@@ -86,23 +97,53 @@ def run_demo(
             )
             console.print(f"[bold]embedded server[/] {server.url}")
             t0 = time.perf_counter()
+            # Two kinds of worker, as a team runs them: the built-in toolset, and the
+            # project's own tools (importing the project's code), both on the queue
+            # "tools": each call is routed by tool to a worker of the kind that serves it.
+            project_tools = root / "project-tools"
+            project_tools.mkdir()
+            (project_tools / f"{PROJECT_TOOLS_MODULE}.py").write_text(PROJECT_TOOLS)
             for i in range(workers):
-                worker = WorkerProcess(
-                    settings,
-                    name=f"demo-worker-{i + 1}",
-                    pool="prefork",
-                    concurrency=concurrency,
-                    queues=("tools", "sandbox"),
-                    log_file=root / f"worker-{i + 1}.log",
+                fleet.append(
+                    WorkerProcess(
+                        settings,
+                        name=f"builtins-{i + 1}",
+                        pool="prefork",
+                        concurrency=concurrency,
+                        queues=("tools", "sandbox"),
+                        log_file=root / f"builtins-{i + 1}.log",
+                    )
                 )
-                fleet.append(worker)
+            path = os.pathsep.join(
+                p for p in (str(project_tools), str(workspace), os.environ.get("PYTHONPATH")) if p
+            )
+            fleet.append(
+                WorkerProcess(
+                    settings,
+                    name="inventory-1",
+                    pool="prefork",
+                    concurrency=1,
+                    queues=("tools",),
+                    log_file=root / "inventory-1.log",
+                    extra_env={"TOOLFLEET_TOOL_MODULES": PROJECT_TOOLS_MODULE, "PYTHONPATH": path},
+                )
+            )
+            for worker in fleet:
                 worker.start()
             for worker in fleet:
                 worker.wait_ready()
                 console.print(f"[bold]worker[/] {worker.hostname} (pid {worker.pid}) ready")
             console.print(f"fleet up in {time.perf_counter() - t0:.1f} s\n")
             return _in_thread(
-                lambda: run_agent(settings, model, prompt, console=console, workspace=workspace)
+                lambda: run_agent(
+                    settings,
+                    model,
+                    prompt,
+                    console=console,
+                    workspace=workspace,
+                    project_tools=True,
+                    wait_for_tools=["stock_level"],
+                )
             )
         except KeyboardInterrupt:
             interrupted = True
@@ -156,13 +197,15 @@ def _sigint_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _chat_model(spec: str | None, workspace: Path | None, console: Console) -> BaseChatModel:
+def _chat_model(
+    spec: str | None, workspace: Path | None, console: Console, project_tools: bool
+) -> BaseChatModel:
     if spec is None or spec == SCRIPTED:
         console.print(
             "[yellow]No --model given: using toolfleet's deterministic scripted model "
             "(no API key needed). Pass --model provider:name for a real one.[/]\n"
         )
-        return scripted_model(workspace)
+        return scripted_model(workspace, project_tools=project_tools)
     console.print(f"model: {spec}\n")
     return chat_model(spec)
 
@@ -176,6 +219,8 @@ def run_agent(
     workspace: Path | None = None,
     wait_for_workers: float = 10.0,
     thread_id: str | None = None,
+    project_tools: bool = False,
+    wait_for_tools: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run one agent turn against the fleet ``settings`` point at, printing each step.
 
@@ -187,13 +232,20 @@ def run_agent(
         workspace: The workers' workspace path, when it is on this machine.
         wait_for_workers: Seconds to wait for a worker to publish its tools.
         thread_id: Conversation thread id (a fresh one if omitted).
+        project_tools: The scripted model also calls the sample project's own tool.
+        wait_for_tools: Tools to wait for (each served by a worker of some kind).
 
     Returns:
         The final agent state.
     """
     # The model first: a spec that leads nowhere is said at once, not after the wait.
-    chat = _chat_model(model_spec, workspace, console)
+    chat = _chat_model(model_spec, workspace, console, project_tools)
     dispatcher = dispatcher_for(settings=settings)
+    deadline = time.monotonic() + wait_for_workers
+    served = dispatcher.served_tools()
+    while any(t not in served for t in wait_for_tools) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        served = dispatcher.served_tools(fresh=True)
     tools = discover_tools(dispatcher=dispatcher, wait=wait_for_workers)
     if not tools:
         raise SystemExit(f"no worker published any tool within {wait_for_workers:g} s")
@@ -206,7 +258,11 @@ def run_agent(
     console.print(f"[bold cyan]user[/] {prompt}\n")
     state: dict[str, Any] = {}
     t0 = time.perf_counter()
-    config: RunnableConfig = {"configurable": {"thread_id": thread_id or str(uuid.uuid4())}}
+    config: RunnableConfig = {
+        "configurable": {"thread_id": thread_id or str(uuid.uuid4())},
+        # Every call of a fan-out at once (LangGraph's sync pool runs 6 by default).
+        "max_concurrency": FAN_OUT,
+    }
     # A (role, text) pair is a message to LangGraph; InputAgentState's type leaves it out.
     inputs = cast(InputAgentState, {"messages": [("user", prompt)]})
     # With a list of stream modes, it yields (mode, chunk) pairs (its type says otherwise).

@@ -18,9 +18,9 @@ Where each number comes from:
   routes it to (its tool queue ``tool:<name>:<version>`` unless the policy file names a
   queue) and the workers serving it; a warning for each queue consumed by a worker that
   does not serve a tool sent there (such calls are handed on, a hop each).
-* **worker kinds**: workers grouped by node name before ``@``, with the broker keys of
-  the queues they consume (the Redis lists, or RabbitMQ queues, an autoscaler watches)
-  and the calls waiting there.
+* **worker kinds**: workers grouped by node name before ``@`` (less a ``-<number>``),
+  with the broker keys of the queues they consume (the Redis lists, or RabbitMQ queues,
+  an autoscaler watches) and the calls waiting there.
 * **in-flight calls**: Celery's ``inspect active`` sent to the registered workers: the
   calls a worker has started and not finished, answered by the workers themselves. One
   broadcast that returns as soon as every registered worker replied (at most
@@ -272,8 +272,11 @@ def routing_warnings(entries: list[WorkerEntry], routes: list[ToolRoute]) -> lis
 
 
 def kind_of(worker: str) -> str:
-    """A worker's kind: its node name before ``@`` (``-n builtins@%h`` -> ``builtins``)."""
-    return worker.partition("@")[0]
+    """A worker's kind: its node name before ``@``, less a trailing ``-<number>``
+    (``-n builtins@%h`` and ``-n builtins-2@%h`` are both ``builtins``)."""
+    name = worker.partition("@")[0]
+    stem, sep, number = name.rpartition("-")
+    return stem if sep and stem and number.isdigit() else name
 
 
 def broker_key(settings: Settings, app: Celery, queue: str) -> str:

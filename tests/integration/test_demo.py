@@ -14,10 +14,11 @@ from tests.support.fleet import REPO
 pytestmark = pytest.mark.timeout(180)
 
 
-def test_demo_fans_out_across_two_workers_and_cleans_up() -> None:
+def test_demo_fans_out_across_two_worker_kinds_and_cleans_up() -> None:
     """Given no services and no API key, when `toolfleet demo` runs, then it says it uses
-    the scripted model, the calls run on both worker processes, the answer is printed,
-    and no process it started is left."""
+    the scripted model, the built-in tools' calls run on both built-in workers and the
+    project's tool on its own kind of worker (all three on the queue "tools"), the answer
+    is printed, and no process it started is left."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLFLEET_")}
     env["COLUMNS"] = "200"
     result = subprocess.run(
@@ -32,12 +33,16 @@ def test_demo_fans_out_across_two_workers_and_cleans_up() -> None:
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     assert "scripted model" in out
-    workers = set(re.findall(r"<- \w+\s+(demo-worker-\d@\S+)", out))
-    assert workers == {w for w in workers if w.startswith("demo-worker-")}
-    assert len(workers) == 2, out
+    ran = re.findall(r"<- (\w+)\s+((?:builtins|inventory)-\d@\S+)", out)
+    assert {w for tool, w in ran if tool != "stock_level"} == {
+        w for _, w in ran if w.startswith("builtins-")
+    }
+    assert len({w for _, w in ran if w.startswith("builtins-")}) == 2, out
+    assert [w.split("@")[0] for tool, w in ran if tool == "stock_level"] == ["inventory-1"]
+    assert "The inventory service reports 120 bolt in north." in out
     assert "TODOs are open" in out
     assert "stopped the workers and the embedded server" in out
     pids = [int(p) for p in re.findall(r"\(pid (\d+)\) ready", out)]
-    assert len(pids) == 2
+    assert len(pids) == 3
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}"), f"worker {pid} still running"
