@@ -106,3 +106,25 @@ def test_metrics_show_runs_calls_and_their_timings(server: ServerProcess) -> Non
     to_start = done[("toolfleet_server_call_dispatch_to_start_seconds_sum", key)]
     assert waited >= 2 + 2 + 0.2
     assert to_start < waited - 4
+
+
+def test_metrics_show_waiting_calls_per_queue_tool_and_worker_kind(
+    server: ServerProcess, prefork_fleet: Settings
+) -> None:
+    """Given the fleet's workers, when /metrics is scraped, then it has the waiting-call
+    gauges of every queue the workers consume (tool queues included), of each routed tool
+    and of each worker kind, all zero with nothing waiting."""
+    response = httpx.get(f"{server.url}/metrics", timeout=10)
+    assert response.status_code == 200
+    found: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name.endswith("_waiting_calls"):
+                (label,) = sample.labels.values()
+                found.setdefault(sample.name, {})[label] = sample.value
+    queues = found["toolfleet_queue_waiting_calls"]
+    assert "tools" in queues
+    assert any(q.startswith("tool:sleep_for:") for q in queues)
+    assert "sleep_for" in found["toolfleet_tool_waiting_calls"]
+    assert found["toolfleet_worker_kind_waiting_calls"]
+    assert all(v == 0 for series in found.values() for v in series.values())
