@@ -9,6 +9,7 @@ cancels this replica's runs (their tool tasks are revoked) and closes everything
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -22,7 +23,7 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from langgraph.store.memory import InMemoryStore
 from redis.exceptions import RedisError
 
@@ -229,14 +230,14 @@ async def _refused(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=status, headers=headers)
 
 
-async def _invalid(request: Request, exc: Exception) -> JSONResponse:
+async def _invalid(request: Request, exc: Exception) -> Response:
     errors: list[dict[str, Any]] = list(getattr(exc, "errors", list)())
     # One line naming every bad field, where the SDK's error message shows it.
     described = "; ".join(f"{_field(e.get('loc', ()))}: {e.get('msg')}" for e in errors)
-    return JSONResponse(
-        {"detail": described or "invalid request", "errors": jsonable_encoder(errors)},
-        status_code=422,
-    )
+    content = {"detail": described or "invalid request", "errors": jsonable_encoder(errors)}
+    # ASCII, escapes and all: the errors repeat the input, which may hold a lone
+    # surrogate (the reason for the 422) that no UTF-8 encoder writes.
+    return Response(json.dumps(content, ensure_ascii=True), 422, media_type="application/json")
 
 
 def _field(location: Any) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
+import orjson
 from fastapi import Path
 from pydantic import (
     AfterValidator,
@@ -20,6 +21,7 @@ from pydantic import (
     StringConstraints,
     WithJsonSchema,
     field_validator,
+    model_validator,
 )
 
 StreamMode = Literal[
@@ -66,6 +68,24 @@ RunId = Annotated[str, Path(min_length=1, max_length=ID_MAX_CHARS, pattern=_PRIN
 
 ItemId = Annotated[str, Path(min_length=1, max_length=ID_MAX_CHARS, pattern=_PRINTABLE)]
 """An assistant or checkpoint id in the path."""
+
+
+def _one_segment(value: str) -> str:
+    """Refuse an id that cannot come back as one URL path segment: the server decodes
+    ``%2F`` before routing (so an id with ``/`` could never be read or deleted), and
+    clients collapse a ``.`` or ``..`` segment before sending it."""
+    if "/" in value:
+        raise ValueError("an id may not contain '/' (it must fit in one URL path segment)")
+    if value in (".", ".."):
+        raise ValueError(f"{value!r} is not an id (clients drop it from a URL path)")
+    return value
+
+
+NewId = Annotated[Id, AfterValidator(_one_segment)]
+"""A client-given id of a thread or assistant it creates: also one URL path segment."""
+
+NewThreadId = Annotated[ThreadId, AfterValidator(_one_segment)]
+"""A thread id in the path of a request that may create the thread."""
 
 
 MAX_DEPTH = 64
@@ -137,11 +157,51 @@ def _check_filter_keys(value: dict[str, Any] | None) -> dict[str, Any] | None:
     return value
 
 
-class _Body(BaseModel):
+def _surrogate_at(value: Any) -> str | None:
+    """Where in ``value`` (parsed JSON) a string or key holds a lone surrogate, which no
+    UTF-8 encoder (orjson, Redis, the checkpointers) can write; ``None``: nowhere."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii() and any("\ud800" <= c <= "\udfff" for c in item):
+                return path or "."
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                label = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and _surrogate_at(key) is not None:
+                    return label.encode("utf-8", "backslashreplace").decode()[:200]
+                stack.append((child, label[:200]))
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}.{i}"[:200]) for i, child in enumerate(item))
+    return None
+
+
+class RequestBody(BaseModel):
+    """A request body: unknown fields ignored, and every string of it encodable.
+
+    JSON may spell a lone surrogate (``"\\ud800"``), which Python parses into a string
+    that nothing downstream can encode: such a body is a 422 naming where it is, before
+    anything is stored.
+    """
+
     model_config = ConfigDict(extra="ignore")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _encodable(cls, data: Any) -> Any:
+        try:
+            orjson.dumps(data)  # fast, in C; it fails on surrogates (and on other things)
+        except (TypeError, ValueError):
+            where = _surrogate_at(data)
+            if where is not None:
+                raise ValueError(
+                    f"string at {where} holds a lone surrogate (not encodable as UTF-8)"
+                ) from None
+        return data
 
-class RunConfig(_Body):
+
+class RunConfig(RequestBody):
     """The ``config`` of a run: LangGraph's ``RunnableConfig``, primitives only."""
 
     tags: list[str] = Field(default_factory=list)
@@ -149,7 +209,7 @@ class RunConfig(_Body):
     configurable: JsonObject = Field(default_factory=dict)
 
 
-class CheckpointRef(_Body):
+class CheckpointRef(RequestBody):
     """A checkpoint of a thread."""
 
     thread_id: Id | None = None
@@ -158,7 +218,7 @@ class CheckpointRef(_Body):
     checkpoint_map: JsonObject | None = None
 
 
-class RunCommand(_Body):
+class RunCommand(RequestBody):
     """Resume or steer an interrupted thread (LangGraph's ``Command``)."""
 
     update: JsonObject | Annotated[list[JsonValue], Field(max_length=10_000)] | None = None
@@ -166,7 +226,7 @@ class RunCommand(_Body):
     goto: JsonValue = None
 
 
-class RunCreate(_Body):
+class RunCreate(RequestBody):
     """Body of ``POST /threads/{thread_id}/runs`` (and ``/stream``, ``/wait``, ``/runs``)."""
 
     assistant_id: Id
@@ -203,10 +263,10 @@ class RunCreate(_Body):
         return [value] if isinstance(value, str) else value
 
 
-class ThreadCreate(_Body):
+class ThreadCreate(RequestBody):
     """Body of ``POST /threads``."""
 
-    thread_id: Id | None = None
+    thread_id: NewId | None = None
     metadata: JsonObject = Field(default_factory=dict)
     if_exists: Literal["raise", "do_nothing"] = "raise"
 
@@ -216,7 +276,7 @@ ThreadSortBy = Literal["thread_id", "status", "created_at", "updated_at", "state
 AssistantSortBy = Literal["assistant_id", "graph_id", "name", "created_at", "updated_at"]
 
 
-class ThreadSearch(_Body):
+class ThreadSearch(RequestBody):
     """Body of ``POST /threads/search``."""
 
     metadata: JsonObject | None = None
@@ -230,7 +290,7 @@ class ThreadSearch(_Body):
     """Default: ``desc``."""
 
 
-class HistoryRequest(_Body):
+class HistoryRequest(RequestBody):
     """Body of ``POST /threads/{thread_id}/history``."""
 
     limit: int = Field(default=10, ge=1, le=1000)
@@ -260,21 +320,21 @@ class HistoryRequest(_Body):
         return value
 
 
-class ThreadPatch(_Body):
+class ThreadPatch(RequestBody):
     """Body of ``PATCH /threads/{thread_id}``."""
 
     metadata: JsonObject = Field(default_factory=dict)
     """Merged into the thread's metadata (these keys win)."""
 
 
-class ThreadCount(_Body):
+class ThreadCount(RequestBody):
     """Body of ``POST /threads/count``."""
 
     metadata: JsonObject | None = None
     status: ThreadStatus | None = None
 
 
-class ThreadStateUpdate(_Body):
+class ThreadStateUpdate(RequestBody):
     """Body of ``POST /threads/{thread_id}/state``: a human edit of the thread's state."""
 
     values: JsonObject | Annotated[list[JsonValue], Field(max_length=10_000)] | None = None
@@ -285,14 +345,14 @@ class ThreadStateUpdate(_Body):
     checkpoint_id: Id | None = None
 
 
-class StateAtCheckpoint(_Body):
+class StateAtCheckpoint(RequestBody):
     """Body of ``POST /threads/{thread_id}/state/checkpoint``."""
 
     checkpoint: CheckpointRef
     subgraphs: bool = False
 
 
-class AssistantCount(_Body):
+class AssistantCount(RequestBody):
     """Body of ``POST /assistants/count``."""
 
     graph_id: Id | None = None
@@ -311,11 +371,11 @@ class AssistantSearch(AssistantCount):
     """Default: ``desc``."""
 
 
-class AssistantCreate(_Body):
+class AssistantCreate(RequestBody):
     """Body of ``POST /assistants``: a graph of this server with a config of its own."""
 
     graph_id: Id
-    assistant_id: Id | None = None
+    assistant_id: NewId | None = None
     """Default: a new UUID."""
     config: JsonObject | None = None
     context: JsonObject | None = None
@@ -326,7 +386,7 @@ class AssistantCreate(_Body):
     description: Annotated[str, StringConstraints(max_length=10_000)] | None = None
 
 
-class AssistantPatch(_Body):
+class AssistantPatch(RequestBody):
     """Body of ``PATCH /assistants/{assistant_id}``: what the new version changes."""
 
     graph_id: Id | None = None
@@ -338,7 +398,7 @@ class AssistantPatch(_Body):
     description: Annotated[str, StringConstraints(max_length=10_000)] | None = None
 
 
-class AssistantVersionsSearch(_Body):
+class AssistantVersionsSearch(RequestBody):
     """Body of ``POST /assistants/{assistant_id}/versions``."""
 
     metadata: JsonObject | None = None
@@ -346,7 +406,7 @@ class AssistantVersionsSearch(_Body):
     offset: int = Field(default=0, ge=0, le=1_000_000)
 
 
-class AssistantLatest(_Body):
+class AssistantLatest(RequestBody):
     """Body of ``POST /assistants/{assistant_id}/latest``."""
 
     version: int = Field(ge=1, le=1_000_000_000)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -121,3 +122,105 @@ def test_a_thread_id_no_header_can_carry_runs_once(http: httpx.Client) -> None:
     joined = http.get(f"/threads/{tid}/runs/{run_id}/join")
     assert joined.json()["messages"][-1]["content"] == "echo: hi"
     assert [r["run_id"] for r in http.get(f"/threads/{tid}/runs").json()] == [run_id]
+
+
+def quote_path_param(value: str) -> str:
+    """A path segment as langgraph-sdk makes it: every reserved character escaped."""
+    quoted = quote(value, safe="")
+    return "%2E" * len(quoted) if quoted and set(quoted) == {"."} else quoted
+
+
+LONE_SURROGATE = b'"\\ud800"'
+"""A JSON string escaping half of a surrogate pair: valid JSON, never encodable text."""
+
+
+def raw(body: str) -> bytes:
+    return body.encode().replace(b'"<S>"', LONE_SURROGATE)
+
+
+UNENCODABLE = [
+    ("POST", "/threads", '{"metadata": {"note": "<S>"}}', "metadata.note"),
+    ("POST", "/threads", '{"metadata": {"<S>": 1}}', "metadata"),
+    ("POST", "/threads", '{"thread_id": "<S>"}', "thread_id"),
+    (
+        "POST",
+        "/runs/wait",
+        '{"assistant_id": "agent", "input": {"messages": [{"role": "user", "content": "<S>"}]}}',
+        "input.messages.0.content",
+    ),
+    ("POST", "/runs", '{"assistant_id": "agent", "config": {"tags": ["<S>"]}}', "tags"),
+    ("POST", "/runs/batch", '[{"assistant_id": "agent", "metadata": {"m": "<S>"}}]', "metadata.m"),
+    ("PUT", "/store/items", '{"namespace": ["n"], "key": "k", "value": {"v": "<S>"}}', "value.v"),
+    ("PUT", "/store/items", '{"namespace": ["n"], "key": "<S>", "value": {}}', "key"),
+    ("POST", "/assistants", '{"graph_id": "agent", "metadata": {"m": "<S>"}}', "metadata.m"),
+    ("POST", "/assistants", '{"graph_id": "agent", "name": "<S>"}', "name"),
+    ("POST", "/threads/search", '{"metadata": {"m": "<S>"}}', "metadata.m"),
+    ("POST", "/runs/cancel", '{"thread_id": "<S>", "run_ids": []}', "thread_id"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "field"), UNENCODABLE)
+def test_a_lone_surrogate_is_422_naming_the_field_and_is_never_stored(
+    server: ServerProcess,
+    http: httpx.Client,
+    redis_url: str,
+    method: str,
+    path: str,
+    body: str,
+    field: str,
+) -> None:
+    """Given a body whose JSON spells a lone surrogate (valid JSON, text no UTF-8 encoder
+    writes), then the answer is a 422 naming where it is, nothing is stored, and the
+    server goes on answering."""
+    before = server_keys(server, redis_url)
+    headers = {"Content-Type": "application/json"}
+    response = http.request(method, path, content=raw(body), headers=headers)
+    assert response.status_code == 422, response.text
+    assert field in response.json()["detail"]
+    assert server_keys(server, redis_url) == before
+    assert http.get("/store/items", params={"namespace": "n", "key": "k"}).json() is None
+    assert http.post("/threads/count", json={}).status_code == 200
+
+
+@pytest.mark.parametrize("thread_id", ["a/b", "/", "tenant/../x", ".", ".."])
+def test_a_thread_id_that_cannot_be_one_path_segment_is_refused_at_creation(
+    server: ServerProcess, http: httpx.Client, redis_url: str, thread_id: str
+) -> None:
+    """Given an id holding ``/`` (the server decodes ``%2F`` before routing, so no URL
+    could name the thread again) or a dot-segment (clients drop it), then creating a
+    thread or an assistant of that id is a 422 naming the field, and nothing is stored."""
+    before = server_keys(server, redis_url)
+    created = http.post("/threads", json={"thread_id": thread_id})
+    assert created.status_code == 422, created.text
+    assert "thread_id" in created.json()["detail"]
+    assistant = http.post("/assistants", json={"graph_id": "agent", "assistant_id": thread_id})
+    assert assistant.status_code == 422, assistant.text
+    assert "assistant_id" in assistant.json()["detail"]
+    assert server_keys(server, redis_url) == before
+
+
+def test_a_dot_segment_in_the_path_does_not_create_a_thread(
+    server: ServerProcess, http: httpx.Client, redis_url: str
+) -> None:
+    """Given ``..`` percent-encoded as a path's thread id (it reaches the route decoded),
+    then a run that would create the thread is a 422, and nothing is stored."""
+    before = server_keys(server, redis_url)
+    response = http.post("/threads/%2E%2E/runs", json=agent(if_not_exists="create"))
+    assert response.status_code == 422, response.text
+    assert "thread_id" in response.json()["detail"]
+    assert server_keys(server, redis_url) == before
+
+
+@pytest.mark.parametrize("thread_id", ["a?b#c", "50%off", "back\\slash", "sp ace+;=&~", "x.y", "é"])
+def test_other_awkward_thread_ids_round_trip_through_the_path(
+    http: httpx.Client, thread_id: str
+) -> None:
+    """Given a thread whose id has characters reserved in URLs (but no ``/``), then the
+    SDK's encoding of it reads and deletes that very thread."""
+    created = http.post("/threads", json={"thread_id": thread_id, "metadata": {"k": 1}})
+    assert created.status_code == 200, created.text
+    segment = quote_path_param(thread_id)
+    got = http.get(f"/threads/{segment}")
+    assert got.status_code == 200 and got.json()["thread_id"] == thread_id
+    assert http.delete(f"/threads/{segment}").status_code == 204
+    assert http.get(f"/threads/{segment}").status_code == 404

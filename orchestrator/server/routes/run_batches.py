@@ -14,7 +14,7 @@ import contextlib
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from orchestrator.server.errors import Conflict, NotFound
 from orchestrator.server.openapi import AT_CAPACITY, NOT_FOUND
@@ -22,7 +22,7 @@ from orchestrator.server.records import RunRecord
 from orchestrator.server.responses import Run
 from orchestrator.server.routes.thread_edits import COUNT_PAGE
 from orchestrator.server.routes.threads import existing_thread
-from orchestrator.server.schemas import Id, RunCreate
+from orchestrator.server.schemas import Id, RequestBody, RunCreate
 from orchestrator.server.services import Services, Svc, Tenant, json_response
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -34,7 +34,7 @@ RUNS_PER_THREAD = 10_000
 """Most runs of one thread a cancel reads."""
 
 
-class CancelByIds(BaseModel):
+class CancelByIds(RequestBody):
     """Body of ``POST /runs/cancel`` naming the runs: these runs of this thread."""
 
     model_config = ConfigDict(extra="forbid")  # a status beside them is a 422, as there
@@ -43,7 +43,7 @@ class CancelByIds(BaseModel):
     run_ids: Annotated[list[Id], Field(max_length=1000)]
 
 
-class CancelByStatus(BaseModel):
+class CancelByStatus(RequestBody):
     """Body of ``POST /runs/cancel`` by status: every run of the tenant with it."""
 
     model_config = ConfigDict(extra="forbid")

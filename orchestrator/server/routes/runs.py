@@ -15,7 +15,14 @@ from orchestrator.server.records import RunRecord
 from orchestrator.server.responses import Run
 from orchestrator.server.routes.threads import existing_thread
 from orchestrator.server.runconfig import thread_config
-from orchestrator.server.schemas import CancelAction, RunCreate, RunId, RunStatus, ThreadId
+from orchestrator.server.schemas import (
+    CancelAction,
+    NewThreadId,
+    RunCreate,
+    RunId,
+    RunStatus,
+    ThreadId,
+)
 from orchestrator.server.services import Services, Svc, Tenant, json_response
 from orchestrator.server.streaming import event_filter, run_locations, sse_response
 
@@ -30,7 +37,7 @@ _SSE: dict[int | str, dict[str, Any]] = {
 
 
 @router.post("/threads/{thread_id}/runs", response_model=Run, responses=RUN_START)
-async def create_run(svc: Svc, tenant: Tenant, thread_id: ThreadId, body: RunCreate) -> Any:
+async def create_run(svc: Svc, tenant: Tenant, thread_id: NewThreadId, body: RunCreate) -> Any:
     """Start a background run on the thread."""
     run = await svc.runs.start_run(tenant, thread_id, body)
     return json_response(run.to_api(), headers=run_locations(run))
@@ -49,7 +56,7 @@ async def create_stateless_run(svc: Svc, tenant: Tenant, body: RunCreate) -> Any
     response_class=StreamingResponse,
 )
 async def stream_run(
-    svc: Svc, tenant: Tenant, thread_id: ThreadId, body: RunCreate
+    svc: Svc, tenant: Tenant, thread_id: NewThreadId, body: RunCreate
 ) -> StreamingResponse:
     """Start a run on the thread and stream it (it goes on if the client leaves, unless
     ``on_disconnect`` is ``cancel``)."""
@@ -64,7 +71,7 @@ async def stream_stateless_run(svc: Svc, tenant: Tenant, body: RunCreate) -> Str
 
 @router.post("/threads/{thread_id}/runs/wait", responses=RUN_START)
 async def wait_run(
-    svc: Svc, tenant: Tenant, thread_id: ThreadId, body: RunCreate, request: Request
+    svc: Svc, tenant: Tenant, thread_id: NewThreadId, body: RunCreate, request: Request
 ) -> Any:
     """Start a run on the thread and answer with the thread's values once it is done."""
     return await _start_waiting(svc, tenant, thread_id, body, request)

@@ -15,11 +15,11 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
 from langgraph.store.base import Item
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import Field, StringConstraints
 from pydantic.json_schema import SkipJsonSchema
 
 from orchestrator.server.errors import Unsupported
-from orchestrator.server.schemas import ID_MAX_CHARS, JsonObject
+from orchestrator.server.schemas import ID_MAX_CHARS, JsonObject, RequestBody
 from orchestrator.server.services import Svc, Tenant, json_response
 
 router = APIRouter(prefix="/store", tags=["store"])
@@ -35,11 +35,7 @@ Namespace = Annotated[list[Label], Field(min_length=1, max_length=32)]
 Key = Annotated[str, StringConstraints(min_length=1, max_length=ID_MAX_CHARS)]
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # newer clients send more
-
-
-class ItemPut(_Body):
+class ItemPut(RequestBody):
     """Body of ``PUT /store/items``.
 
     ``ttl`` (minutes the item lives) is taken only by a store that expires items, and
@@ -67,14 +63,14 @@ FilterValue = (
 """What a search filter compares a field with: a value (equal), or operators on it."""
 
 
-class ItemRef(_Body):
+class ItemRef(RequestBody):
     """Body of ``DELETE /store/items``."""
 
     namespace: Namespace
     key: Key
 
 
-class ItemSearch(_Body):
+class ItemSearch(RequestBody):
     """Body of ``POST /store/items/search``."""
 
     namespace_prefix: Annotated[list[Label], Field(max_length=32)] = Field(default_factory=list)
@@ -87,7 +83,7 @@ class ItemSearch(_Body):
     refresh_ttl: bool | None = None
 
 
-class NamespaceSearch(_Body):
+class NamespaceSearch(RequestBody):
     """Body of ``POST /store/namespaces``."""
 
     prefix: Annotated[list[Label], Field(max_length=32)] | None = None
