@@ -26,6 +26,7 @@ import datetime
 import itertools
 import json
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -107,6 +108,11 @@ def task_message(call: PreparedCall, reply_to: str, signing_key: str | None = No
     name = task_name(call.tool)
     request = call.request().to_wire()
     if signing_key:
+        # What decides whether and when the call runs is signed with it: a worker refuses
+        # a replay older than the redelivery window, and one past the run's deadline.
+        request["issued_at"] = round(time.time(), 3)
+        if call.expires_at is not None:
+            request["expires_at"] = call.expires_at
         request = sign_request(signing_key, call.task_id, name, request)
     expires = (
         datetime.datetime.fromtimestamp(call.expires_at, tz=datetime.UTC).isoformat()

@@ -107,6 +107,7 @@ SECRETS = {
     "REDIS_PASSWORD": REDIS_PASSWORD,
     "FLOWER_BASIC_AUTH": f"{FLOWER_USER}:{FLOWER_PASSWORD}",
     "TOOLFLEET_API_TOKENS": API_TOKEN,
+    "TOOLFLEET_SIGNING_KEY": "7e1d4a9c2f5b8e3a6d0c9f2b5e8a1d4c",
 }
 
 
@@ -278,6 +279,7 @@ def deployment(tmp_path: Path) -> Iterator[dict[str, Any]]:
         "TOOLFLEET_SANDBOX_PYTHON": sandbox_python(),
         "TOOLFLEET_NAMESPACE": new_namespace(),
         "TOOLFLEET_API_TOKENS": API_TOKEN,
+        "TOOLFLEET_SIGNING_KEY": SECRETS["TOOLFLEET_SIGNING_KEY"],
         "TOOLFLEET_REGISTRY_REFRESH": "1",
         "TOOL_WORKER_CONCURRENCY": "2",
         "SANDBOX_WORKER_CONCURRENCY": "1",

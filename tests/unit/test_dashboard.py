@@ -151,7 +151,12 @@ def test_panels_are_laid_out_without_overlap() -> None:
 def test_compose_documents_every_metrics_port() -> None:
     """Given the compose file, then each worker service exposes the port its metrics
     listen on (compose itself scrapes nothing)."""
-    env = {"REDIS_PASSWORD": "pw", "FLOWER_BASIC_AUTH": "ops:pw", "TOOLFLEET_API_TOKENS": "t"}
+    env = {
+        "REDIS_PASSWORD": "pw",
+        "FLOWER_BASIC_AUTH": "ops:pw",
+        "TOOLFLEET_API_TOKENS": "t",
+        "TOOLFLEET_SIGNING_KEY": "3b8e1f6a9c2d5e7f0a4b6c8d1e3f5a7b",
+    }
     specs = services(env)
     for name in ("tool-worker", "sandbox-worker"):
         port = str(specs[name]["environment"]["TOOLFLEET_METRICS_PORT"])

@@ -24,7 +24,12 @@ from tool_workers.contract.errors import ConfigError
 from tool_workers.contract.placeholders import is_placeholder, refuse_placeholders
 from tool_workers.contract.settings import Settings, ToolPolicies
 
-SECRETS = {"REDIS_PASSWORD": "pw", "FLOWER_BASIC_AUTH": "ops:pw", "TOOLFLEET_API_TOKENS": "t"}
+SECRETS = {
+    "REDIS_PASSWORD": "pw",
+    "FLOWER_BASIC_AUTH": "ops:pw",
+    "TOOLFLEET_API_TOKENS": "t",
+    "TOOLFLEET_SIGNING_KEY": "5f0c9e7a2b4d6e8f1a3c5e7b9d0f2a4c",
+}
 TOOLFLEET_SERVICES = ("tool-worker", "sandbox-worker", "flower", "orchestrator")
 NOT_IN_IMAGE = {"dev", "bench"}
 """Extras for working on toolfleet (tests, benchmarks), not for running it."""

@@ -41,7 +41,7 @@ ALLOWED: dict[str, str] = {
     "(tool_workers.contract.logs)",
     "formatter._base": "toolfleet's own KeyValueFormatter's wrapped formatter "
     "(tool_workers.contract.logs)",
-    "backend._toolfleet_start": "toolfleet's own script, cached on the result backend "
+    "backend._toolfleet_scripts": "toolfleet's own scripts, cached on the result backend "
     "(tool_workers.runtime.tasks)",
     "copy._tool_run": "toolfleet's own tracer's tool run, given to its copy "
     "(tool_workers.observability.trace_parent)",

@@ -21,7 +21,12 @@ from celery.worker import state as worker_state
 from celery.worker.consumer import Consumer
 from vine import promise
 
-from tool_workers.celery_ext.envelope import Refusal, check_message, usable_task_id
+from tool_workers.celery_ext.envelope import (
+    Refusal,
+    check_message,
+    pin_headers,
+    usable_task_id,
+)
 from tool_workers.celery_ext.event_loop import steady_retries
 from tool_workers.celery_ext.hand_on import HandOn, NotServed
 from tool_workers.contract.names import tool_from_task
@@ -44,12 +49,14 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
         """Celery's task handler, behind the message check and a per-message guard."""
         handle = super().create_task_handler(promise)
         connection_errors = tuple(self.connection_errors or ())
+        signed = bool(self.app.conf.get("toolfleet_signed"))
 
         def on_task_received(message: Any) -> None:
             refusal = check_message(message)
             if refusal is not None:
                 self._refuse(message, refusal)
                 return
+            pin_headers(message.headers, signed)
             if self._running_here(message):
                 return
             if self._handed_on(message):

@@ -150,3 +150,19 @@ def _is_seconds(value: Any) -> bool:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+WORKER_DECIDES = ("eta", "countdown", "timelimit")
+"""Celery headers whose say the worker's own policy takes: a call runs when it arrives
+(toolfleet never schedules one ahead) under its tool's time limits."""
+
+
+def pin_headers(headers: dict[str, Any], signed: bool) -> None:
+    """Drop the headers of a checked message that would let whoever wrote it change when
+    or for how long the call runs (:data:`WORKER_DECIDES`); on a fleet with a signing key
+    also ``expires``, which the signature does not cover (the signed request carries the
+    deadline instead, ``expires_at``)."""
+    for name in WORKER_DECIDES:
+        headers.pop(name, None)
+    if signed:
+        headers.pop("expires", None)

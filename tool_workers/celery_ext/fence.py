@@ -64,9 +64,10 @@ START_SCRIPT = (
 -- KEYS: the call's marker, the held hash (or '').
 -- ARGV: the marker's lifetime (s), delivery tag, holding token (or ''), the channel to
 -- announce the start on (or ''), the STARTED state to announce, worker name, pid.
--- Returns {starts (-1: the holding was handed on, not started), revoked, handed-on lease}.
+-- Returns {starts (-1: the holding was handed on, not started), revoked, handed-on lease,
+-- retries a worker scheduled}.
 if KEYS[2] ~= '' and redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then
-    return {-1, 0, ''}
+    return {-1, 0, '', 0}
 end
 local marker = read_marker(KEYS[1]) or {}
 local starts = (tonumber(marker['n']) or 0) + 1
@@ -80,7 +81,7 @@ local revoked = marker['r'] and 1 or 0
 if revoked == 0 and ARGV[4] ~= '' then
     redis.call('PUBLISH', ARGV[4], ARGV[5])
 end
-return {starts, revoked, marker['h'] or ''}
+return {starts, revoked, marker['h'] or '', tonumber(marker['y']) or 0}
 """
 )
 """One delivery's start, in one round trip: refused when its holding was handed on (the
@@ -100,6 +101,9 @@ class Start:
     """The call was cancelled."""
     handed_on: bool
     """The call was taken from a lapsed lease (its worker was lost or unreachable)."""
+    scheduled: int = 0
+    """Retries a worker scheduled for the call (:data:`RETRY_SCRIPT`): a delivery's
+    ``retries`` header counts only up to this; a higher one was written by someone else."""
 
     @property
     def stale(self) -> bool:
@@ -140,5 +144,23 @@ def start_args(
 
 def parse_start(reply: Any) -> Start:
     """The :class:`Start` of a :data:`START_SCRIPT` reply."""
-    starts, revoked, handed = reply
-    return Start(int(starts), bool(int(revoked)), bool(handed))
+    starts, revoked, handed, scheduled = reply
+    return Start(int(starts), bool(int(revoked)), bool(handed), int(scheduled))
+
+
+RETRY_SCRIPT = (
+    LUA_READ
+    + """
+-- KEYS: the call's marker. ARGV: the retry's number, the marker's lifetime (s).
+local marker = read_marker(KEYS[1]) or {}
+if (tonumber(marker['y']) or 0) < tonumber(ARGV[1]) then
+    marker['y'] = tonumber(ARGV[1])
+end
+local ttl = redis.call('TTL', KEYS[1])
+if ttl < 1 then ttl = tonumber(ARGV[2]) end
+redis.call('SET', KEYS[1], cjson.encode(marker), 'EX', ttl)
+return 1
+"""
+)
+"""Note in the call's marker that a worker scheduled retry number ``n`` (Celery's retry
+republishes the message with ``retries`` raised by one, a header no signature covers)."""

@@ -97,6 +97,8 @@ def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
         "worker_consumer": "tool_workers.celery_ext.consumer:ToolfleetConsumer",
         # toolfleet's own keys (the calls' markers) beside Celery's.
         "toolfleet_key_prefix": settings.key_prefix,
+        # Workers take no say from headers the signature does not cover (consumer).
+        "toolfleet_signed": bool(settings.signing_key),
     }
 
 

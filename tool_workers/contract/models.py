@@ -93,6 +93,13 @@ class ToolRequest(BaseModel):
     """Publish the tool's stream-writer events (and heartbeats) on the reply channel."""
     trace: TraceContext | None = None
     """The caller's trace context: the worker's span of the call is its child."""
+    issued_at: float | None = None
+    """When the orchestrator published it (Unix time; signed requests only): a signed
+    request older than the redelivery window is a replay and is refused."""
+    expires_at: float | None = None
+    """The run's deadline (Unix time; signed requests only): a worker that gets the call
+    later does not run it. Celery's ``expires`` header, which the signature does not
+    cover, is ignored then."""
     signature: str | None = None
     """HMAC-SHA256 of the request and its identity (see :mod:`tool_workers.contract.signing`)."""
 

@@ -7,7 +7,7 @@ with one line naming the variable. The value itself is never printed.
 
 Checked: the passwords in ``TOOLFLEET_BROKER_URL``, ``TOOLFLEET_RESULT_BACKEND``,
 ``TOOLFLEET_DATABASE_URL`` and ``TOOLFLEET_STORE_URL``; every ``TOOLFLEET_API_TOKENS``
-token; the passwords of ``FLOWER_BASIC_AUTH``.
+token; ``TOOLFLEET_SIGNING_KEY``; the passwords of ``FLOWER_BASIC_AUTH``.
 """
 
 from __future__ import annotations
@@ -86,6 +86,8 @@ def placeholder_variables(
             yield f"the password in {variable}{hint}"
     if any(is_placeholder(token) for token in settings.api_tokens):
         yield "a token in TOOLFLEET_API_TOKENS"
+    if settings.signing_key is not None and is_placeholder(settings.signing_key):
+        yield "TOOLFLEET_SIGNING_KEY"
     logins = (environ or {}).get("FLOWER_BASIC_AUTH", "")
     for login in filter(None, (part.strip() for part in logins.split(","))):
         _, _, password = login.partition(":")

@@ -17,6 +17,7 @@ idempotency) lives in a TOML file, ``config/toolfleet.toml`` unless
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -284,6 +285,18 @@ class Settings(BaseSettings):
     thread_ttl: int = Field(default=2_592_000, gt=0)
     """Seconds a thread's record is kept in Redis after its last change (its checkpoints
     are the checkpointer's to keep)."""
+
+    @model_validator(mode="after")
+    def _check_signing_key(self) -> Settings:
+        # Any other empty variable means the default; for the key that would be "nothing
+        # is signed", silently (an unset ${VAR:-} in a compose file).
+        named = os.environ.get("TOOLFLEET_SIGNING_KEY")
+        if self.signing_key is None and named is not None and not named.strip():
+            raise ValueError(
+                "TOOLFLEET_SIGNING_KEY is set but empty: set a key of 16 or more characters "
+                "(e.g. openssl rand -hex 32), or unset it to run unsigned"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_lease(self) -> Settings:

@@ -19,8 +19,15 @@ from langchain_core.tools import BaseTool
 from pydantic import ValidationError
 
 from tool_workers.celery_ext.backend import reply_channel_of, state_meta
-from tool_workers.celery_ext.fence import START_SCRIPT, Start, parse_start, start_args
+from tool_workers.celery_ext.fence import (
+    RETRY_SCRIPT,
+    START_SCRIPT,
+    Start,
+    parse_start,
+    start_args,
+)
 from tool_workers.contract.broker import RESTORE_INTERVAL, visibility_timeout
+from tool_workers.contract.marker import marker_key
 from tool_workers.contract.models import (
     PROTOCOL_VERSION,
     ToolRequest,
@@ -158,6 +165,10 @@ def _register(
             )
             return seal(self.request.id, mismatch.to_wire())
 
+        if signing_key:
+            untimely = _untimely(request, tool.name, lifetime, worker)
+            if untimely is not None:
+                return seal(self.request.id, untimely.to_wire())
         attempt = self.request.retries + 1
         refusal = _check_delivery(
             self, key_prefix, lifetime, attempt, tool.name, policy, worker, request.progress
@@ -201,6 +212,11 @@ def _register(
                     policy.retries,
                     delay,
                 )
+                # The retry's number is trusted up to what a worker noted (fence.py).
+                _retry_script(self.backend)(
+                    keys=[marker_key(key_prefix, self.request.id)],
+                    args=[self.request.retries + 1, lifetime],
+                )
                 raise self.retry(exc=err.exc, countdown=delay) from err.exc
             result = ToolResult.error(
                 "tool_error", error_text(err.exc), worker=worker, duration=time.perf_counter() - t0
@@ -224,6 +240,41 @@ def _register(
                 },
             )
         return seal(self.request.id, result.to_wire())
+
+
+CLOCK_SKEW = 60.0
+"""Seconds the clocks of an orchestrator's and a worker's host may disagree by."""
+
+
+def _untimely(request: ToolRequest, tool: str, window: float, worker: str) -> ToolResult | None:
+    """The answer to a signed request that must not run now: one issued longer ago than the
+    redelivery window (a replay: within the window the call's marker knows it ran), or
+    with no issue time; one past its run's deadline."""
+    now = time.time()
+    issued = request.issued_at
+    if issued is None or now - issued > window + CLOCK_SKEW or issued - now > CLOCK_SKEW:
+        log.error(
+            "refused call %s to %s: issued outside the redelivery window", request.call_id, tool
+        )
+        return ToolResult.error(
+            "protocol",
+            f"Error: the call to '{tool}' was refused: its signed request was issued "
+            f"{'at no stated time' if issued is None else f'{now - issued:.0f} s ago'}, "
+            f"outside the {window:.0f} s a call can be redelivered in (a replay). The tool "
+            "did not run.",
+            worker=worker,
+        )
+    if request.expires_at is not None and now > request.expires_at + CLOCK_SKEW:
+        log.warning(
+            "call %s to %s arrived after its run's deadline; not running it", request.call_id, tool
+        )
+        return ToolResult.error(
+            "cancelled",
+            f"Error: the call to '{tool}' reached a worker after its run's deadline, and was "
+            "not run.",
+            worker=worker,
+        )
+    return None
 
 
 def _decode(raw: Any, tool: str, worker: str) -> ToolRequest | ToolResult:
@@ -251,13 +302,25 @@ def _decode(raw: Any, tool: str, worker: str) -> ToolRequest | ToolResult:
         )
 
 
-def _start_script(backend: Any) -> Any:
-    """The start script, registered on the backend's client (loaded on its first use)."""
-    script = getattr(backend, "_toolfleet_start", None)
+def _script(backend: Any, source: str) -> Any:
+    """A script of toolfleet's, registered on the backend's client (loaded on first use)."""
+    scripts = getattr(backend, "_toolfleet_scripts", None)
+    if scripts is None:
+        scripts = backend._toolfleet_scripts = {}
+    script = scripts.get(source)
     if script is None:
-        script = backend.client.register_script(START_SCRIPT)
-        backend._toolfleet_start = script
+        script = scripts[source] = backend.client.register_script(source)
     return script
+
+
+def _start_script(backend: Any) -> Any:
+    """The start script (:data:`START_SCRIPT`)."""
+    return _script(backend, START_SCRIPT)
+
+
+def _retry_script(backend: Any) -> Any:
+    """The retry note script (:data:`RETRY_SCRIPT`)."""
+    return _script(backend, RETRY_SCRIPT)
 
 
 def _how_lost(start: Start) -> str:
@@ -300,6 +363,8 @@ def _check_delivery(
         key_prefix, task_id, lifetime, task.request, channel, started, worker, os.getpid()
     )
     start = parse_start(_start_script(task.backend)(keys=keys, args=args))
+    # A retries header above the retries a worker scheduled was written by someone else.
+    attempt = min(attempt, start.scheduled + 1)
     if start.stale:
         # Handed on to another worker while this one was unreachable; whatever this
         # returns is not stored (the fence names the other attempt).
