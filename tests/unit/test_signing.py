@@ -104,3 +104,26 @@ def test_signing_key_is_never_shown_and_must_not_be_short() -> None:
     assert "signing_key" not in settings.model_dump()
     with pytest.raises(ValueError):
         Settings(signing_key="short")
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_an_empty_signing_key_is_a_start_up_error_not_unsigned(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given ``TOOLFLEET_SIGNING_KEY`` set but empty (an unset ``${VAR:-}`` in a compose
+    file), then the settings are refused with a line naming it, instead of running
+    unsigned; a placeholder key is refused at start like the other secrets."""
+    from pydantic import ValidationError
+
+    from tool_workers.contract.errors import ConfigError
+    from tool_workers.contract.placeholders import refuse_placeholders
+    from tool_workers.contract.settings import Settings, settings_error
+
+    monkeypatch.setenv("TOOLFLEET_SIGNING_KEY", value)
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    assert "TOOLFLEET_SIGNING_KEY is set but empty" in settings_error(refused.value)
+
+    monkeypatch.setenv("TOOLFLEET_SIGNING_KEY", "change-me-to-a-long-random-hex-string")
+    with pytest.raises(ConfigError, match="TOOLFLEET_SIGNING_KEY"):
+        refuse_placeholders(Settings())
