@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any
 
 from langchain.agents import create_agent
@@ -22,6 +24,7 @@ from orchestrator.sample import scripted_model
 from orchestrator.scripted import SCRIPTED
 from orchestrator.tools import discover_tools
 from tool_workers.contract.errors import ConfigError
+from tool_workers.contract.process import private_sqlite
 from tool_workers.contract.settings import Settings
 
 
@@ -127,6 +130,7 @@ def checkpointer(settings: Settings) -> Iterator[BaseCheckpointSaver[Any]]:
         return
     from langgraph.checkpoint.sqlite import SqliteSaver
 
+    private_sqlite(Path(settings.checkpoint_path))  # other users' snippets must not read it
     with SqliteSaver.from_conn_string(str(settings.checkpoint_path)) as sqlite_saver:
         yield sqlite_saver
 
@@ -156,6 +160,8 @@ async def async_checkpointer(settings: Settings) -> AsyncIterator[BaseCheckpoint
         return
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
+    # Other users' snippets must not read it (file system calls: off the event loop).
+    await asyncio.to_thread(private_sqlite, Path(settings.checkpoint_path))
     async with AsyncSqliteSaver.from_conn_string(str(settings.checkpoint_path)) as sqlite_saver:
         yield sqlite_saver
 

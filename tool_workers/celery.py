@@ -6,6 +6,14 @@ built in :mod:`tool_workers.runtime.worker`.
 
 from __future__ import annotations
 
+import os
+import sys
+
 from tool_workers.runtime.worker import app
+
+if "flower" in sys.argv[1:]:
+    # Flower on this app (celery -A tool_workers flower): the files it writes (its
+    # persistent database of tasks, FLOWER_DB) are readable by its user alone.
+    os.umask(0o077)
 
 __all__ = ["app"]

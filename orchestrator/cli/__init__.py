@@ -228,6 +228,11 @@ def version() -> None:
 
 def main() -> None:
     """Entry point of the ``toolfleet`` console script."""
+    from tool_workers.contract.process import make_undumpable
+
+    # Before anything reads a secret: a process of this user (a run_python snippet on a
+    # worker beside it) cannot read this one's environment or memory.
+    make_undumpable()
     app()
 
 
