@@ -32,6 +32,7 @@ from orchestrator.dispatch.fleet import dispatcher_for
 from orchestrator.server import openapi
 from orchestrator.server.assistant_store import AssistantStore
 from orchestrator.server.auth import TokenAuth
+from orchestrator.server.connections import ConnectionGuard, ConnectionLimits, connection_cap
 from orchestrator.server.errors import RequestRefused
 from orchestrator.server.eventlog import BLOCK_MS, EventLog, EventRelay
 from orchestrator.server.graph import AgentProvider, resolve_model
@@ -126,7 +127,12 @@ def create_app(
     ):
         app.include_router(router)
     # Outermost of the app's own layers: refusals here never reach routing or a body read.
-    app.add_middleware(Guard, auth=auth, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        Guard,
+        auth=auth,
+        max_body_bytes=settings.max_body_bytes,
+        body_timeout=settings.http_body_timeout,
+    )
     app.add_exception_handler(RequestRefused, _refused)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(RedisError, _redis_down)
@@ -289,6 +295,7 @@ def serve(
             password or token is a placeholder (``change-me``).
     """
     import uvicorn
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     if not settings.api_tokens and not no_auth:
         raise ConfigError(
@@ -299,10 +306,19 @@ def serve(
     for name in ("uvicorn.error", "uvicorn.access"):  # startup line and one line a request
         logging.getLogger(name).setLevel(logging.INFO)
     logging.getLogger("uvicorn.access").addFilter(short_paths)
+    pools = 2 * settings.redis_pool_size + settings.database_pool_size + 2
+    connections = ConnectionGuard(
+        ConnectionLimits(
+            header_timeout=settings.http_header_timeout,
+            max_connections=connection_cap(settings.http_max_connections, pools),
+        )
+    )
     config = uvicorn.Config(
         create_app(settings, graphs=graphs),
         host=host,
         port=port,
+        # httptools, as the guard in front of it parses with (the same requests for both).
+        http=connections.protocol_factory(HttpToolsProtocol),
         log_config=None,  # configure_logging's handler and format
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,  # then streams are cut, local runs cancelled
     )

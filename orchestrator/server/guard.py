@@ -8,16 +8,21 @@ carries no valid token costs the server a few header comparisons and nothing mor
                            --> no valid token (paths other than PUBLIC) -> 401
                            --> Content-Length over the body limit -------> 413
     body, chunk by chunk   --> more bytes than the body limit -----------> 413 (reading stops)
+                           --> not all in within the body timeout -------> 408 (reading stops)
     the app                <-- the body, replayed; the tenant in scope["state"]["tenant"]
 
 The body is read by the middleware only after the token is checked, and only up to
 ``TOOLFLEET_MAX_BODY_BYTES``: a client streaming more is cut off at the limit, whatever
-its ``Content-Length`` says. Error responses carry ``Connection: close``, so an unread
+its ``Content-Length`` says, and one that has not sent all of it within
+``TOOLFLEET_HTTP_BODY_TIMEOUT`` seconds gets a 408. (The request head has a deadline of
+its own, before the request reaches this middleware:
+:mod:`orchestrator.server.connections`.) Error responses carry ``Connection: close``, so an unread
 body never reaches the next request on the connection.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -51,12 +56,22 @@ class Guard:
         app: The application behind it.
         auth: The accepted tokens and their tenants.
         max_body_bytes: Largest request body accepted (``TOOLFLEET_MAX_BODY_BYTES``).
+        body_timeout: Seconds the whole body may take to arrive
+            (``TOOLFLEET_HTTP_BODY_TIMEOUT``).
     """
 
-    def __init__(self, app: ASGIApp, *, auth: TokenAuth, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        auth: TokenAuth,
+        max_body_bytes: int,
+        body_timeout: float = 30.0,
+    ) -> None:
         self._app = app
         self._auth = auth
         self._max_body = max_body_bytes
+        self._body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Check the request; pass it on with its body replayed, or answer the refusal."""
@@ -86,7 +101,12 @@ class Guard:
         if declared.isdigit() and int(declared) > self._max_body:
             await _refuse(send, 413, f"request body larger than {self._max_body} bytes")
             return
-        body = await self._read_body(receive)
+        try:
+            async with asyncio.timeout(self._body_timeout):
+                body = await self._read_body(receive)
+        except TimeoutError:
+            await _refuse(send, 408, f"request body not received within {self._body_timeout:g} s")
+            return
         if body is None:
             await _refuse(send, 413, f"request body larger than {self._max_body} bytes")
             return

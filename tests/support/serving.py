@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -56,6 +57,8 @@ class ServerProcess:
         log_file: Where its output goes.
         extra_env: More environment variables.
         args: More arguments of ``toolfleet serve`` (``--config``).
+        open_files: The server's open-file limit (soft and hard; default: this
+            process's), as a container's 1024 would be.
     """
 
     def __init__(
@@ -65,12 +68,14 @@ class ServerProcess:
         log_file: Path,
         extra_env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
+        open_files: int | None = None,
     ) -> None:
         self.settings = settings
         self.workdir = workdir
         self.log_file = log_file
         self.extra_env = extra_env or {}
         self.args = args
+        self.open_files = open_files
         self.port = 0
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -109,6 +114,7 @@ class ServerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=self._limit_files if self.open_files else None,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -124,6 +130,10 @@ class ServerProcess:
             time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"server did not answer within {timeout:g} s:\n{self.log()[-4000:]}")
+
+    def _limit_files(self) -> None:
+        assert self.open_files is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.open_files, self.open_files))
 
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM the server (its own pid), then SIGKILL it after ``grace`` seconds."""

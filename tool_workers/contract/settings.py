@@ -17,7 +17,6 @@ idempotency) lives in a TOML file, ``config/toolfleet.toml`` unless
 
 from __future__ import annotations
 
-import os
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -285,18 +284,21 @@ class Settings(BaseSettings):
     thread_ttl: int = Field(default=2_592_000, gt=0)
     """Seconds a thread's record is kept in Redis after its last change (its checkpoints
     are the checkpointer's to keep)."""
-
-    @model_validator(mode="after")
-    def _check_signing_key(self) -> Settings:
-        # Any other empty variable means the default; for the key that would be "nothing
-        # is signed", silently (an unset ${VAR:-} in a compose file).
-        named = os.environ.get("TOOLFLEET_SIGNING_KEY")
-        if self.signing_key is None and named is not None and not named.strip():
-            raise ValueError(
-                "TOOLFLEET_SIGNING_KEY is set but empty: set a key of 16 or more characters "
-                "(e.g. openssl rand -hex 32), or unset it to run unsigned"
-            )
-        return self
+    # -- the HTTP service under abuse (toolfleet serve) ------------------------------------
+    http_header_timeout: float = Field(default=10.0, gt=0)
+    """Seconds a client of the HTTP service has to send a request's head (request line and
+    headers), from connecting or from the request's first byte; then 408 and the
+    connection is closed."""
+    http_body_timeout: float = Field(default=30.0, gt=0)
+    """Seconds a client of the HTTP service has to send a request's whole body, once its
+    token is checked; then 408 and the connection is closed."""
+    http_max_connections: int = Field(default=1000, gt=0)
+    """Connections one replica of the HTTP service holds open (lowered to fit the
+    process's open-file limit). At the cap a new connection closes the one waiting
+    longest for its request head, or, with none waiting, is answered 503."""
+    tenant_max_streams: int = Field(default=100, gt=0)
+    """Event streams one tenant holds open on a replica at once (``GET`` of a thread's
+    or a run's ``/stream``); more are refused with 429."""
 
     @model_validator(mode="after")
     def _check_lease(self) -> Settings:
