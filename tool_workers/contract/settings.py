@@ -17,6 +17,7 @@ idempotency) lives in a TOML file, ``config/toolfleet.toml`` unless
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -299,6 +300,18 @@ class Settings(BaseSettings):
     tenant_max_streams: int = Field(default=100, gt=0)
     """Event streams one tenant holds open on a replica at once (``GET`` of a thread's
     or a run's ``/stream``); more are refused with 429."""
+
+    @model_validator(mode="after")
+    def _check_signing_key(self) -> Settings:
+        # Any other empty variable means the default; for the key that would be "nothing
+        # is signed", silently (an unset ${VAR:-} in a compose file).
+        named = os.environ.get("TOOLFLEET_SIGNING_KEY")
+        if self.signing_key is None and named is not None and not named.strip():
+            raise ValueError(
+                "TOOLFLEET_SIGNING_KEY is set but empty: set a key of 16 or more characters "
+                "(e.g. openssl rand -hex 32), or unset it to run unsigned"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_lease(self) -> Settings:
