@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -68,26 +69,37 @@ def run(
     ] = False,
 ) -> None:
     """Run one agent turn against the fleet the TOOLFLEET_* settings point at."""
-    from orchestrator.cli.demo import run_agent
+    from orchestrator.cli.demo import chat_for, run_agent
     from orchestrator.cli.errors import setup_errors
     from orchestrator.cli.progress import cli_console
     from orchestrator.dispatch.fleet import close_all
+    from tool_workers.contract.connections import redis_client
     from tool_workers.contract.logs import configure_logging
     from tool_workers.contract.settings import Settings
 
     settings = Settings()
+    console = cli_console()
     # The formatted lines already show each call; the log's line per call (JSON with
     # TOOLFLEET_LOG_JSON=1) only with --verbose. Warnings always.
     configure_logging(settings if verbose else settings.model_copy(update={"log_level": "WARNING"}))
     try:
         with setup_errors(settings.broker_url):
+            # A broker that does not answer is said at once, not after the registry's
+            # first read has retried for seconds.
+            chat = chat_for(model or settings.model, None, console)
+            probe = redis_client(settings.own_redis_url, settings, socket_connect_timeout=2.0)
+            try:
+                probe.ping()
+            finally:
+                probe.close()
             run_agent(
                 settings,
                 model or settings.model,
                 prompt,
-                console=cli_console(),
+                console=console,
                 wait_for_workers=wait,
                 thread_id=thread,
+                chat=chat,
             )
     finally:
         close_all()
@@ -183,7 +195,9 @@ def serve(
     except ImportError as exc:
         typer.echo(f"error: {exc}; install the server extra: pip install 'toolfleet[server]'")
         raise typer.Exit(2) from None
+    from orchestrator.cli.errors import setup_errors
     from orchestrator.server.projects import read_project
+    from tool_workers.contract.connections import redis_client
     from tool_workers.contract.logs import configure_logging
     from tool_workers.contract.settings import Settings
 
@@ -195,6 +209,13 @@ def serve(
         settings = Settings()
         configure_logging(settings)
         graphs = project.load() if project is not None else None
+        with setup_errors(settings.own_redis_url):
+            # Redis down is said in a line, before uvicorn would print its traceback.
+            probe = redis_client(settings.own_redis_url, settings, socket_connect_timeout=2.0)
+            try:
+                probe.ping()
+            finally:
+                probe.close()
         serve_forever(settings, host=host, port=port, no_auth=no_auth, graphs=graphs)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -227,13 +248,48 @@ def version() -> None:
 
 
 def main() -> None:
-    """Entry point of the ``toolfleet`` console script."""
-    from tool_workers.contract.process import make_undumpable
+    """Entry point of the ``toolfleet`` console script.
 
-    # Before anything reads a secret: a process of this user (a run_python snippet on a
-    # worker beside it) cannot read this one's environment or memory.
-    make_undumpable()
-    app()
+    Every error a user's setup can cause ends the command with a line or two on stderr
+    (secrets masked) and exit code 2; Ctrl-C at any moment with exit code 130. Anything
+    else is a bug, and keeps its traceback.
+    """
+    try:
+        from pydantic import ValidationError
+
+        from orchestrator.cli.errors import SETUP_ERROR, fail
+        from tool_workers.contract.errors import ToolfleetError
+        from tool_workers.contract.process import make_undumpable
+        from tool_workers.contract.settings import settings_error
+
+        # Before anything reads a secret: a process of this user (a run_python snippet on
+        # a worker beside it) cannot read this one's environment or memory.
+        make_undumpable()
+        try:
+            code = app(standalone_mode=False)
+        except typer.TyperException as exc:  # a usage error: its own message and usage
+            show = getattr(exc, "show", None)
+            if callable(show):
+                show()
+            else:
+                typer.echo(f"error: {exc.format_message()}", err=True)
+            code = exc.exit_code
+        except ValidationError as exc:
+            if exc.title != "Settings":
+                raise
+            code = _said(fail, settings_error(exc), SETUP_ERROR)
+        except ToolfleetError as exc:
+            code = _said(fail, str(exc), SETUP_ERROR)
+    except (KeyboardInterrupt, typer.Abort):
+        sys.stderr.write("\ninterrupted\n")
+        sys.stderr.flush()
+        os._exit(130)  # threads of an abandoned run must not keep the exit waiting
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _said(fail: Callable[[str], typer.Exit], message: str, code: int) -> int:
+    fail(message)  # prints the line; its Exit is not needed here
+    return code
 
 
 if __name__ == "__main__":

@@ -28,12 +28,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from langchain.agents import create_agent
-from langchain.agents.middleware import InputAgentState
+from langchain.agents.middleware import AgentMiddleware, InputAgentState
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
+from langgraph.errors import GraphBubbleUp
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 
 from orchestrator.agent import chat_model
 from orchestrator.cli.progress import InFlight, cli_console
@@ -49,6 +51,7 @@ from orchestrator.sample import (
 )
 from orchestrator.scripted import SCRIPTED
 from orchestrator.tools import discover_tools
+from tool_workers.contract.errors import ToolfleetError
 from tool_workers.contract.settings import DEFAULT_CONFIG_PATH, Settings
 
 # Seconds a worker gets to finish its calls: a normal end lets them finish; after Ctrl-C
@@ -83,6 +86,8 @@ def run_demo(
     with tempfile.TemporaryDirectory(prefix="toolfleet-demo-") as tmp:
         root = Path(tmp)
         workspace = root / "workspace"
+        # The model first: a spec that leads nowhere is said before anything starts.
+        chat = chat_for(model, workspace, console, project_tools=True)
         seed_workspace(workspace)
         server = EmbeddedRedis(root / "redis")
         fleet: list[WorkerProcess] = []
@@ -141,8 +146,8 @@ def run_demo(
                     prompt,
                     console=console,
                     workspace=workspace,
-                    project_tools=True,
                     wait_for_tools=["stock_level"],
+                    chat=chat,
                 )
             )
         except KeyboardInterrupt:
@@ -197,16 +202,55 @@ def _sigint_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _chat_model(
-    spec: str | None, workspace: Path | None, console: Console, project_tools: bool
+class NoWorkers(ToolfleetError):
+    """No worker published a tool within the wait."""
+
+
+class ModelFailed(ToolfleetError):
+    """The chat model's call failed (no network, no key, a provider's error)."""
+
+
+class ModelErrors(AgentMiddleware):
+    """A model call that fails ends the run with one line naming the model and the
+    reason (:class:`ModelFailed`), not the provider client's traceback."""
+
+    def __init__(self, spec: str) -> None:
+        super().__init__()
+        self.spec = spec
+
+    def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        """Call the model; its failure becomes :class:`ModelFailed`."""
+        try:
+            return handler(request)
+        except GraphBubbleUp:
+            raise
+        except Exception as exc:
+            raise ModelFailed(f"the model {self.spec} failed: {_reason(exc)}") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def chat_for(
+    spec: str | None, workspace: Path | None, console: Console, project_tools: bool = False
 ) -> BaseChatModel:
+    """The chat model a spec names, said on ``console`` (the scripted one, with a note,
+    when none is named).
+
+    Raises:
+        ConfigError: the spec leads to no chat model.
+    """
     if spec is None or spec == SCRIPTED:
         console.print(
             "[yellow]No --model given: using toolfleet's deterministic scripted model "
             "(no API key needed). Pass --model provider:name for a real one.[/]\n"
         )
         return scripted_model(workspace, project_tools=project_tools)
-    console.print(f"model: {spec}\n")
+    console.print(f"model: {escape(spec)}\n")
     return chat_model(spec)
 
 
@@ -219,8 +263,8 @@ def run_agent(
     workspace: Path | None = None,
     wait_for_workers: float = 10.0,
     thread_id: str | None = None,
-    project_tools: bool = False,
     wait_for_tools: Sequence[str] = (),
+    chat: BaseChatModel | None = None,
 ) -> dict[str, Any]:
     """Run one agent turn against the fleet ``settings`` point at, printing each step.
 
@@ -232,30 +276,39 @@ def run_agent(
         workspace: The workers' workspace path, when it is on this machine.
         wait_for_workers: Seconds to wait for a worker to publish its tools.
         thread_id: Conversation thread id (a fresh one if omitted).
-        project_tools: The scripted model also calls the sample project's own tool.
         wait_for_tools: Tools to wait for (each served by a worker of some kind).
+        chat: The chat model, already built (else built from ``model_spec``).
 
     Returns:
         The final agent state.
     """
     # The model first: a spec that leads nowhere is said at once, not after the wait.
-    chat = _chat_model(model_spec, workspace, console, project_tools)
+    if chat is None:
+        chat = chat_for(model_spec, workspace, console, project_tools=False)
     dispatcher = dispatcher_for(settings=settings)
     deadline = time.monotonic() + wait_for_workers
     served = dispatcher.served_tools()
+    if (not served or any(t not in served for t in wait_for_tools)) and wait_for_workers > 2:
+        waiting = ", ".join(wait_for_tools) or "their tools"
+        console.print(
+            f"[dim]waiting up to {wait_for_workers:g} s for workers to publish {escape(waiting)}[/]"
+        )
     while any(t not in served for t in wait_for_tools) and time.monotonic() < deadline:
         time.sleep(0.2)
         served = dispatcher.served_tools(fresh=True)
-    tools = discover_tools(dispatcher=dispatcher, wait=wait_for_workers)
+    tools = discover_tools(dispatcher=dispatcher, wait=max(deadline - time.monotonic(), 0.0))
     if not tools:
-        raise SystemExit(f"no worker published any tool within {wait_for_workers:g} s")
+        raise NoWorkers(f"no worker published any tool within {wait_for_workers:g} s")
     agent = create_agent(
         chat,
         tools,
         system_prompt="You are a careful engineer. Use the tools; call independent ones together.",
-        middleware=[CeleryToolMiddleware(dispatcher=dispatcher)],
+        middleware=[
+            ModelErrors(model_spec or SCRIPTED),
+            CeleryToolMiddleware(dispatcher=dispatcher),
+        ],
     )
-    console.print(f"[bold cyan]user[/] {prompt}\n")
+    console.print(f"[bold cyan]user[/] {escape(prompt)}\n")
     state: dict[str, Any] = {}
     t0 = time.perf_counter()
     config: RunnableConfig = {
@@ -294,21 +347,38 @@ def _track(message: BaseMessage, in_flight: InFlight) -> None:
         in_flight.finish(message.tool_call_id)
 
 
+def _text(content: Any) -> str:
+    """A message's content as text (content blocks: their text parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            str(block.get("text", "")) if isinstance(block, dict) else str(block)
+            for block in content
+        )
+    return str(content)
+
+
 def _show(message: BaseMessage, console: Console) -> None:
     if isinstance(message, AIMessage):
         if message.content:
-            console.print(f"[bold green]agent[/] {message.content}")
+            console.print(f"[bold green]agent[/] {escape(_text(message.content))}")
         for call in message.tool_calls:
             args = json.dumps(call["args"])
-            console.print(f"  -> {call['name']}({args})", no_wrap=True, overflow="ellipsis")
+            console.print(
+                f"  -> {escape(call['name'])}({escape(args)})", no_wrap=True, overflow="ellipsis"
+            )
     elif isinstance(message, ToolMessage):
         meta = message.response_metadata.get("toolfleet", {})
         text = " ".join(str(message.content).split())
         status = "[green]ok[/]   " if message.status == "success" else "[red]error[/]"
+        name = escape(f"{message.name:<10}")
+        worker = escape(f"{meta.get('worker', '?'):<18}")
+        pid = escape(f"{meta.get('pid', '?'):<7}")
         console.print(
-            f"  <- {message.name:<10} [magenta]{meta.get('worker', '?'):<18}[/] "
-            f"pid {meta.get('pid', '?'):<7} {meta.get('duration', 0) * 1000:6.0f} ms  {status} "
-            f"[dim]{text}[/]",
+            f"  <- {name} [magenta]{worker}[/] "
+            f"pid {pid} {meta.get('duration', 0) * 1000:6.0f} ms  {status} "
+            f"[dim]{escape(text)}[/]",
             no_wrap=True,
             overflow="ellipsis",
             markup=True,

@@ -25,7 +25,8 @@ SETUP_ERROR = 2
 
 def fail(message: str) -> typer.Exit:
     """Print ``error: message`` (secrets masked) on stderr; the exit to raise."""
-    typer.echo(f"error: {mask_secrets(message)}", err=True)
+    # One line, whatever the message held (a library's error can run to paragraphs).
+    typer.echo(f"error: {' '.join(mask_secrets(message).split())}", err=True)
     return typer.Exit(SETUP_ERROR)
 
 

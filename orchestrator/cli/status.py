@@ -5,7 +5,9 @@ Where each number comes from:
 
 * **workers online, tools per queue**: the registry the workers publish
   (:func:`tool_workers.contract.fleet.read_entries`); an entry expires three refresh
-  intervals after its worker stopped refreshing it.
+  intervals after its worker stopped refreshing it. A worker serving ``run_python``
+  names in it the isolation between its calls (``namespaces``, ``uid`` or ``none``, and
+  whether it refuses calls for want of more), shown per worker.
 * **queue depth**: calls waiting in the broker. kombu's Redis transport keeps a queue
   as a list named by the queue (``<namespace>:`` first when a namespace is set) plus a
   list per priority step (``<queue>\\x06\\x16<n>``); the depth is the sum of their
@@ -87,6 +89,8 @@ class WorkerStatus:
     """Calls running on it now; ``None`` when it did not answer."""
     last_seen: float
     """Seconds since it last refreshed its registry entry."""
+    sandbox_isolation: str | None = None
+    """The isolation between its ``run_python`` calls (``None``: it does not serve it)."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +199,7 @@ def collect(settings: Settings, *, app: Celery | None = None, timeout: float = 2
             tools=sorted(spec.name for spec in e.tools),
             active=len(active[e.worker]) if e.worker in active else None,
             last_seen=round(max(now - e.updated_at, 0.0), 1),
+            sandbox_isolation=e.sandbox_isolation,
         )
         for e in sorted(entries, key=lambda e: e.worker)
     ]
@@ -472,41 +477,52 @@ def render(status: FleetStatus, console: Console) -> None:
         workers.add_column(column, overflow="fold")
     for w in status.workers:
         workers.add_row(
-            w.name,
+            escape(w.name),
             str(w.pid),
-            ", ".join(w.queues),
+            escape(", ".join(w.queues)),
             "?" if w.active is None else str(w.active),
             f"{w.last_seen:g}s ago",
             str(len(w.tools)),
         )
     console.print(workers)
+    sandboxes = [w for w in status.workers if w.sandbox_isolation]
+    if sandboxes:
+        isolation = Table(title="run_python isolation", title_justify="left")
+        for column in ("worker", "isolation between calls"):
+            isolation.add_column(column, overflow="fold")
+        for w in sandboxes:
+            level = escape(w.sandbox_isolation or "")
+            if "refusing" in level:
+                level = f"[red]{level}[/]"
+            isolation.add_row(escape(w.name), level)
+        console.print(isolation)
 
     queues = Table(title="Queues", title_justify="left")
     for column in ("queue", "depth", "workers", "tools served"):
         queues.add_column(column, overflow="fold")
     for q in status.queues:
         if q.tools:
-            served = ", ".join(q.tools)
+            served = escape(", ".join(q.tools))
         elif q.workers:  # consumed, but the routing sends nothing here
             served = "[dim]no tools routed here[/]"
         else:
             served = "[red]none: calls here wait[/]"
-        queues.add_row(q.name, str(q.depth), str(q.workers), served)
+        queues.add_row(escape(q.name), str(q.depth), str(q.workers), served)
     console.print(queues)
 
     routes = Table(title="Tools", title_justify="left")
     for column in ("tool", "version", "queue", "workers"):
         routes.add_column(column, overflow="fold")
     for r in status.routes:
-        version = r.version if r.shown else f"{r.version} [dim](older calls)[/]"
-        routes.add_row(r.tool, version, r.queue, ", ".join(r.workers))
+        version = escape(r.version) if r.shown else f"{escape(r.version)} [dim](older calls)[/]"
+        routes.add_row(escape(r.tool), version, escape(r.queue), escape(", ".join(r.workers)))
     console.print(routes)
 
     kinds = Table(title="Worker kinds (what an autoscaler watches)", title_justify="left")
     for column in ("kind", "workers", "waiting", "broker keys"):
         kinds.add_column(column, overflow="fold")
     for k in status.kinds:
-        kinds.add_row(k.kind, str(k.workers), str(k.waiting), ", ".join(k.keys))
+        kinds.add_row(escape(k.kind), str(k.workers), str(k.waiting), escape(", ".join(k.keys)))
     console.print(kinds)
     for warning in status.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}")
@@ -516,13 +532,15 @@ def render(status: FleetStatus, console: Console) -> None:
         calls.add_column(column, overflow="fold")
     for c in status.in_flight:
         running = "?" if c.running_for is None else f"{c.running_for:g}s"
-        calls.add_row(c.tool, c.worker, c.call, running)
+        calls.add_row(escape(c.tool), escape(c.worker), escape(c.call), running)
     console.print(calls)
     if status.unresponsive:
-        console.print(f"[yellow]did not answer inspect active:[/] {', '.join(status.unresponsive)}")
+        console.print(
+            f"[yellow]did not answer inspect active:[/] {escape(', '.join(status.unresponsive))}"
+        )
     for name in status.duplicates:
         console.print(
-            f"[red]more than one worker process runs as {name}[/]: they share one registry "
+            f"[red]more than one worker process runs as {escape(name)}[/]: they share one registry "
             "entry and hide each other; give each its own node name (-n)"
         )
     here = socket.gethostname()
@@ -531,17 +549,19 @@ def render(status: FleetStatus, console: Console) -> None:
             at = record.get("at")
             ago = f"{max(time.time() - at, 0):.0f}s ago" if isinstance(at, (int, float)) else "?"
             console.print(
-                f"orchestrator {record.get('host')}:{record.get('pid')} published its tool "
-                f"placement {ago} (--json for it)"
+                escape(
+                    f"orchestrator {record.get('host')}:{record.get('pid')} published its tool "
+                    f"placement {ago} (--json for it)"
+                )
             )
             continue
-        title = f"Tool placement of orchestrator {record.get('host')}:{record.get('pid')}"
+        title = escape(f"Tool placement of orchestrator {record.get('host')}:{record.get('pid')}")
         table = Table(title=title, title_justify="left")
         for column in ("tool", "runs", "why"):
             table.add_column(column, overflow="fold")
         for name, row in sorted((record.get("tools") or {}).items()):
             where = "[cyan]workers[/]" if row.get("placement") == "remote" else "here"
-            table.add_row(name, where, str(row.get("reason", "")))
+            table.add_row(escape(name), where, escape(str(row.get("reason", ""))))
         console.print(table)
 
 

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.local import settings_env
+from tool_workers.contract.settings import Settings
+
 pytestmark = pytest.mark.timeout(120)
 
 TOOLFLEET = str(Path(sys.executable).parent / "toolfleet")
@@ -49,7 +52,9 @@ def _assert_short_error(result: subprocess.CompletedProcess[str], *needles: str)
         assert needle in result.stderr, text
 
 
-@pytest.mark.parametrize("command", [["status"], ["run", "hello", "--wait", "1"]])
+@pytest.mark.parametrize(
+    "command", [["status"], ["run", "hello", "--wait", "1"], ["serve", "--no-auth"]]
+)
 def test_unreachable_broker_is_one_line_with_the_password_masked(
     tmp_path: Path, command: list[str]
 ) -> None:
@@ -109,3 +114,103 @@ def test_run_with_a_model_that_cannot_be_imported_is_one_line(tmp_path: Path) ->
     )
 
     _assert_short_error(result, "myproj.models:missing")
+
+
+@pytest.mark.parametrize(
+    ("env", "needles", "secret"),
+    [
+        (
+            {"TOOLFLEET_BROKER_URL": "amqp://tf:S3cret-pw@127.0.0.1:1//"},
+            ["TOOLFLEET_REDIS_URL"],
+            "S3cret-pw",
+        ),
+        ({"TOOLFLEET_BROKER_URL": "redsi://127.0.0.1:6379/0"}, ["'redsi'", "redis://"], None),
+        ({"TOOLFLEET_REGISTRY_REFRESH": "soon"}, ["TOOLFLEET_REGISTRY_REFRESH"], None),
+    ],
+    ids=["amqp-without-redis", "unknown-scheme", "not-a-number"],
+)
+def test_a_settings_error_is_one_line_with_secrets_masked(
+    env: dict[str, str], needles: list[str], secret: str | None, tmp_path: Path
+) -> None:
+    """Given settings that cannot work (a RabbitMQ broker with no Redis named, a typo in
+    the scheme, a word where a number belongs), when a command starts, then it says what
+    is wrong in a line or two, never the password, and exits with 2."""
+    for command in (["status"], ["run", "hello"]):
+        result = _toolfleet(*command, cwd=tmp_path, **env)
+
+        _assert_short_error(result, *needles)
+        assert result.returncode == 2
+        if secret is not None:
+            assert secret not in result.stdout + result.stderr
+
+
+def test_demo_checks_its_model_before_starting_the_fleet(tmp_path: Path) -> None:
+    """Given a model whose provider package is not installed, when `toolfleet demo`
+    starts, then it says so in a line before anything is started."""
+    result = _toolfleet("demo", "--model", "toolfleet-absent-provider:some-model", cwd=tmp_path)
+
+    _assert_short_error(result, "toolfleet-absent-provider")
+    assert "embedded server" not in result.stdout
+
+
+FAILING_MODEL = """
+from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+
+class Unreachable(FakeListChatModel):
+    def _call(self, *args, **kwargs):
+        raise ConnectionError("Connection refused (api.example.invalid:443)")
+
+    def bind_tools(self, tools, **kwargs):
+        return self
+
+
+def fn():
+    return Unreachable(responses=["never"])
+"""
+
+
+def test_a_model_that_fails_is_one_line(tmp_path: Path, shared_fleet: Settings) -> None:
+    """Given a fleet and a model that cannot reach its provider, when `toolfleet run`
+    calls it, then it says which model failed and why in a line or two and exits with 2."""
+    (tmp_path / "failing.py").write_text(FAILING_MODEL)
+    result = _toolfleet(
+        "run", "hello", "--model", "failing:fn", cwd=tmp_path, **settings_env(shared_fleet)
+    )
+
+    _assert_short_error(result, "failing:fn", "ConnectionError", "Connection refused")
+    assert result.returncode == 2
+
+
+def test_a_wait_says_what_it_waits_for_and_ctrl_c_exits_130(tmp_path: Path, redis_url: str) -> None:
+    """Given a fleet with no worker, when `toolfleet run` waits for one, then within a
+    few seconds it says what it waits for and for how long; Ctrl-C then ends it with
+    exit code 130 and no traceback."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TOOLFLEET_")}
+    process = subprocess.Popen(
+        [TOOLFLEET, "run", "hello", "--wait", "30"],
+        cwd=tmp_path,
+        env={
+            **base,
+            "COLUMNS": "200",
+            "TOOLFLEET_BROKER_URL": redis_url,
+            "TOOLFLEET_NAMESPACE": f"tft-wait-{os.getpid()}",
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        import time
+
+        time.sleep(6)
+        process.send_signal(2)  # SIGINT, as Ctrl-C sends it
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+    assert "waiting up to 30 s for workers" in out + err, out + err
+    assert process.returncode == 130, out + err
+    assert "Traceback" not in out + err

@@ -18,11 +18,13 @@ pytestmark = pytest.mark.timeout(180)
 TOOLFLEET = str(Path(sys.executable).parent / "toolfleet")
 
 
-def _run(settings: Settings, *extra: str) -> subprocess.CompletedProcess[str]:
+def _run(
+    settings: Settings, *extra: str, prompt: str = "Survey the workspace"
+) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TOOLFLEET_")}
     base.pop("COLUMNS", None)  # as piped output is: no width given
     return subprocess.run(
-        [TOOLFLEET, "run", "Survey the workspace", *extra],
+        [TOOLFLEET, "run", prompt, *extra],
         cwd=REPO,
         env={**base, **settings_env(settings), "TOOLFLEET_LOG_JSON": "0"},
         capture_output=True,
@@ -45,3 +47,16 @@ def test_run_keeps_log_lines_out_unless_verbose(shared_fleet: Settings) -> None:
     assert loud.returncode == 0, loud.stdout + loud.stderr
     assert " INFO toolfleet" in loud.stderr
     assert " INFO " not in loud.stdout
+
+
+def test_prompts_answers_and_tool_output_are_text_not_markup(shared_fleet: Settings) -> None:
+    """Given a prompt holding brackets (``[/oops]``, ``list[int]``, ``[error]``), when
+    `toolfleet run` prints it, then it is printed as written: no markup error, nothing
+    dropped."""
+    prompt = "add [/oops] things: list[int], docs[/] and [error] [bold]x"
+
+    result = _run(shared_fleet, prompt=prompt)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert prompt in result.stdout, result.stdout
+    assert "Traceback" not in result.stdout + result.stderr

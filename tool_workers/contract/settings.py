@@ -27,6 +27,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -326,6 +327,22 @@ class Settings(BaseSettings):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
+    @field_validator("broker_url", "result_backend", "redis_url")
+    @classmethod
+    def _known_scheme(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # A typo (redsi://) is named as such, not taken for a broker that is not Redis.
+        if value is None:
+            return value
+        scheme = value.partition("://")[0].lower() if "://" in value else ""
+        allowed = REDIS_SCHEMES | (AMQP_SCHEMES if info.field_name == "broker_url" else set())
+        if scheme not in allowed:
+            shown = f"scheme {scheme!r}" if scheme else "no scheme"
+            raise ValueError(
+                f"{shown} is not one toolfleet speaks: use "
+                + ", ".join(f"{s}://" for s in sorted(allowed))
+            )
+        return value
+
     @model_validator(mode="after")
     def _check_redis(self) -> Settings:
         if not self.result_backend and not self.redis_url and not is_redis_url(self.broker_url):
@@ -378,14 +395,21 @@ class Settings(BaseSettings):
         return ToolPolicies()
 
 
+REDIS_SCHEMES = {"redis", "rediss", "unix"}
+"""URL schemes of a Redis server."""
+
+AMQP_SCHEMES = {"amqp", "amqps", "pyamqp"}
+"""URL schemes of an AMQP broker (RabbitMQ)."""
+
+
 def is_redis_url(url: str) -> bool:
     """Whether ``url`` names a Redis server (``redis://``, ``rediss://``, ``unix://``)."""
-    return url.partition("://")[0].lower() in {"redis", "rediss", "unix"}
+    return url.partition("://")[0].lower() in REDIS_SCHEMES
 
 
 def is_amqp_url(url: str) -> bool:
     """Whether ``url`` names an AMQP broker (``amqp://``, ``amqps://``, ``pyamqp://``)."""
-    return url.partition("://")[0].lower() in {"amqp", "amqps", "pyamqp"}
+    return url.partition("://")[0].lower() in AMQP_SCHEMES
 
 
 def settings_error(exc: ValidationError) -> str:
@@ -395,7 +419,7 @@ def settings_error(exc: ValidationError) -> str:
         field = ".".join(str(part) for part in error["loc"])
         variable = f"TOOLFLEET_{field.upper()}" if field in Settings.model_fields else field
         if field:
-            problems.append(f"{variable}: {error['msg']}")
+            problems.append(f"{variable}: {error['msg'].removeprefix('Value error, ')}")
         else:  # a check of the settings together: its message names the variables
             problems.append(error["msg"].removeprefix("Value error, "))
     return "invalid settings: " + "; ".join(problems)
