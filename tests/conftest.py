@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,13 @@ from blockbuster import blockbuster_ctx
 
 from orchestrator.dispatch.fleet import close_all
 from orchestrator.local import EmbeddedRedis, WorkerProcess, delete_keys
-from tests.support.amqp import AMQP_NAMESPACES, amqp_problem, brokers, delete_namespace
+from tests.support.amqp import (
+    AMQP_NAMESPACES,
+    amqp_problem,
+    amqp_test_url,
+    brokers,
+    delete_namespace,
+)
 from tests.support.fleet import RUN_ID, TEST_QUEUES, fleet_settings, new_namespace, worker_env
 from tool_workers.contract.settings import Settings
 
@@ -49,21 +56,62 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def amqp_url() -> Iterator[str]:
-    """URL of the RabbitMQ server the RabbitMQ cases use (``TOOLFLEET_TEST_AMQP_URL``).
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of a PostgreSQL database the tests may create schemas in:
+    ``TOOLFLEET_TEST_DATABASE_URL`` when set (it must answer), else an embedded server
+    this session starts (pgserver, in the dev extra), as Redis is started when not named."""
+    import psycopg
 
-    Those cases are generated only when the variable is set (``.ci/run`` sets it when
-    RabbitMQ answers); set but not answering fails them, naming the server.
+    named = os.environ.get("TOOLFLEET_TEST_DATABASE_URL")
+    if named:
+        try:
+            with psycopg.connect(named, connect_timeout=5):
+                pass
+        except psycopg.Error as exc:
+            pytest.fail(f"TOOLFLEET_TEST_DATABASE_URL={named} does not work: {exc!r}")
+        yield named
+        return
+    with warnings.catch_warnings():
+        # platformdirs warns where XDG_RUNTIME_DIR is unset (a container, root): harmless.
+        warnings.simplefilter("ignore")
+        import pgserver
+
+        server = pgserver.get_server(tmp_path_factory.mktemp("postgres"), cleanup_mode="stop")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> Iterator[str]:
+    """URL of the RabbitMQ server the RabbitMQ cases use: ``TOOLFLEET_TEST_AMQP_URL``, or
+    one answering on this machine's default port with the default login.
+
+    Those cases are generated only where a server answers; one named by the variable
+    that does not answer fails them, naming the server.
     """
-    url = os.environ.get("TOOLFLEET_TEST_AMQP_URL")
+    url = amqp_test_url()
     if not url:
-        pytest.fail("a RabbitMQ case ran without TOOLFLEET_TEST_AMQP_URL")
+        pytest.fail("a RabbitMQ case ran with no RabbitMQ server answering")
     problem = amqp_problem(url)
     if problem is not None:
         pytest.fail(f"TOOLFLEET_TEST_AMQP_URL={url} does not answer: {problem}")
     yield url
     for namespace in AMQP_NAMESPACES:
         delete_namespace(url, namespace, TEST_QUEUES)
+
+
+ROOT_MODULES = ("test_net_", "test_netns_")
+"""Test modules whose every test needs root: hosts in network namespaces, nftables."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The tests that need root form the "root" group: the README's command runs the rest
+    # as any user; .ci/run runs this group as root (pytest -m root).
+    for item in items:
+        if item.path.name.startswith(ROOT_MODULES) or "net" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.root)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

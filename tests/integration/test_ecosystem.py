@@ -295,15 +295,14 @@ def test_deep_agent_user_tools_remote_builtin_tools_local(
 
 
 def test_injected_store_is_shared_by_workers_and_the_agent(
-    make_settings: Callable[..., Settings], start_worker: Callable[..., Any]
+    make_settings: Callable[..., Settings], start_worker: Callable[..., Any], postgres_url: str
 ) -> None:
     """Given workers and an agent configured with the same store, when a remote tool saves
     a value through InjectedStore, then the orchestrator's store has it; a fleet without a
     store answers such a call with an error naming the setting."""
     from langgraph.store.postgres import PostgresStore
 
-    database = os.environ.get("TOOLFLEET_TEST_DATABASE_URL")
-    assert database, "TOOLFLEET_TEST_DATABASE_URL must name the test PostgreSQL database"
+    database = postgres_url
     namespace = ("tft", uuid.uuid4().hex[:8])
     with_store = make_settings(store_url=database)
     start_worker(

