@@ -23,6 +23,7 @@ from celery.concurrency.prefork import TaskPool as PreforkPool
 from pydantic import ValidationError
 
 from tool_workers.builtin.supervisor import make_undumpable
+from tool_workers.celery_ext.drain import install as install_hand_back
 from tool_workers.celery_ext.event_loop import LimitWatchdog, spare_storing_calls
 from tool_workers.celery_ext.hand_on import HandOn
 from tool_workers.celery_ext.lease import Lease, start_lease, stop_stale_calls
@@ -81,6 +82,8 @@ def _start() -> tuple[Settings, Celery, dict[str, ToolSpec]]:
 make_undumpable()
 settings, app, specs = _start()
 share_phases()  # before the pool forks: its processes inherit the table
+# A warm shutdown gives back at once the calls fetched and not started.
+install_hand_back(app)
 
 _publisher: RegistryPublisher | None = None
 _watchdog: LimitWatchdog | None = None
