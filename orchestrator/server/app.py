@@ -56,6 +56,7 @@ from orchestrator.server.routes import (
 from orchestrator.server.runner import RunManager
 from orchestrator.server.services import Services
 from orchestrator.server.store import Store
+from orchestrator.server.streamquota import StreamQuota
 from orchestrator.server.tenancy import tenant_key, tenant_quota
 from tool_workers.contract.connections import mask_secrets, redis_connection_kwargs
 from tool_workers.contract.errors import ConfigError
@@ -112,6 +113,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.auth = auth
+    app.state.stream_quota = StreamQuota(settings.tenant_max_streams)
     app.include_router(system.router)
     app.include_router(metrics.router)  # unauthenticated, like /ok and Flower's /metrics
     for router in (

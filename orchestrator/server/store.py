@@ -295,6 +295,22 @@ class Store(ThreadLine):
                 found.append(run)
         return found[offset : offset + limit]
 
+    async def newest_run_ids(self, thread: str, count: int) -> list[str]:
+        """Ids of the ``count`` newest runs of the thread with key ``thread``, newest
+        first: one read, whatever the length of the thread's history."""
+        ids: list[str] = await self._r.zrevrange(self._keys.thread_runs(thread), 0, count - 1)
+        return ids
+
+    async def runs_by_id(self, run_ids: list[str]) -> list[RunRecord]:
+        """The records of these runs that exist, in that order: one round trip."""
+        if not run_ids:
+            return []
+        async with self._r.pipeline(transaction=False) as pipe:
+            for run_id in run_ids:
+                pipe.hgetall(self._keys.run(run_id))
+            raws = await pipe.execute()
+        return [_run_from(raw) for raw in raws if raw and "doc" in raw]
+
     async def set_run_status(
         self, run_id: str, status: str, error: dict[str, Any] | None = None
     ) -> None:

@@ -15,7 +15,8 @@ asked to cancel on disconnect.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
 from urllib.parse import quote
 
 from fastapi.responses import StreamingResponse
@@ -30,6 +31,22 @@ _PATH_SAFE = ":@!$&'()*+,;=-._~"
 
 HEARTBEAT = 15.0
 """Seconds of silence after which a comment line keeps the connection open."""
+
+
+class HeldStreamingResponse(StreamingResponse):
+    """A streaming response that calls ``release`` when it ends, however it ends (the
+    body's end, the client leaving, an error): a stream slot is given back."""
+
+    def __init__(self, content: Any, *, release: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Send the response, then release."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
 
 
 def event_filter(stream_mode: Iterable[str] | None) -> frozenset[str] | None:
@@ -58,15 +75,21 @@ def sse_response(
     after: str = "0-0",
     cancel_on_disconnect: bool = False,
     metadata: bool = True,
+    release: Callable[[], None] | None = None,
 ) -> StreamingResponse:
     """Stream the run's parts (those named in ``events``; all for ``None``), opening with
-    its ``metadata`` event unless ``metadata`` is false (a reconnecting client has it)."""
+    its ``metadata`` event unless ``metadata`` is false (a reconnecting client has it);
+    ``release`` is called when the response ends."""
     headers = {
         **run_locations(run),
         "Cache-Control": "no-store",
         "X-Accel-Buffering": "no",  # nginx: pass events through as they come
     }
     body = _frames(runs, run, events, after, cancel_on_disconnect, metadata)
+    if release is not None:
+        return HeldStreamingResponse(
+            body, release=release, media_type="text/event-stream", headers=headers
+        )
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 
 

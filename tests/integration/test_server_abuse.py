@@ -9,6 +9,8 @@ test; each test bounds time only where the bound is the point.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import resource
 import socket
 import time
@@ -17,7 +19,12 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+import redis
+import redis.asyncio as aioredis
 
+from orchestrator.server.keys import Keys
+from orchestrator.server.records import RunRecord, now_iso
+from orchestrator.server.store import Store
 from tests.support.fleet import fleet_settings
 from tests.support.serving import TEST_MODEL, ServerProcess
 
@@ -29,6 +36,10 @@ OPEN_FILES = 1024
 """The server's open-file limit: a container's default."""
 FLOOD = 1_100
 """Half-sent requests of the flood: more than the server has files for."""
+MAX_STREAMS = 6
+"""Event streams one tenant may hold open."""
+HISTORY = 3_000
+"""Finished runs of the long thread."""
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +47,15 @@ def server(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     workdir = tmp_path_factory.mktemp("abuse")
     settings = fleet_settings(redis_url, workdir).model_copy(
         update={
-            "api_tokens": (f"tft-token-{uuid.uuid4().hex}",),
+            "api_tokens": (
+                f"alpha:tft-token-{uuid.uuid4().hex}",
+                f"beta:tft-token-{uuid.uuid4().hex}",
+            ),
             "model": TEST_MODEL,
             "checkpoint_path": workdir / "abuse.sqlite",
             "http_header_timeout": HEADER_TIMEOUT,
             "http_body_timeout": BODY_TIMEOUT,
+            "tenant_max_streams": MAX_STREAMS,
         }
     )
     process = ServerProcess(settings, workdir, workdir / "abuse.log", open_files=OPEN_FILES)
@@ -49,8 +64,9 @@ def server(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     process.stop()
 
 
-def auth(server: ServerProcess) -> dict[str, str]:
-    return {"Authorization": f"Bearer {server.settings.api_tokens[0]}"}
+def auth(server: ServerProcess, tenant: int = 0) -> dict[str, str]:
+    token = server.settings.api_tokens[tenant].partition(":")[2]
+    return {"Authorization": f"Bearer {token}"}
 
 
 def connect(server: ServerProcess) -> socket.socket:
@@ -119,7 +135,9 @@ def test_a_kept_alive_connection_cannot_trickle_its_next_head(server: ServerProc
     with connect(server) as sock:
         sock.sendall(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
         sock.settimeout(5)
-        first = sock.recv(65_536)
+        first = b""
+        while not first.endswith(b"}"):  # the whole answer: {"ok":true}
+            first += sock.recv(65_536)
         assert first.startswith(b"HTTP/1.1 200 ")
         sock.sendall(b"GET /ok HTTP/1.1\r\nHo")
         t0 = time.monotonic()
@@ -152,9 +170,9 @@ def test_a_body_that_stalls_is_408_and_stops_nothing_else(server: ServerProcess)
     answer is a 408 once the body timeout has passed, and nothing was created."""
     before = httpx.post(f"{server.url}/threads/count", json={}, headers=auth(server)).json()
     with connect(server) as sock:
-        token = server.settings.api_tokens[0]
         head = (
-            f"POST /threads HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+            "POST /threads HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: {auth(server)['Authorization']}\r\n"
             "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
         )
         sock.sendall(head.encode() + b'{"metadat')
@@ -162,3 +180,127 @@ def test_a_body_that_stalls_is_408_and_stops_nothing_else(server: ServerProcess)
     assert said.startswith(b"HTTP/1.1 408 "), said[:80]
     after = httpx.post(f"{server.url}/threads/count", json={}, headers=auth(server)).json()
     assert after == before
+
+
+def seed_history(server: ServerProcess, redis_url: str, thread_id: str, count: int) -> None:
+    """Record ``count`` finished runs of tenant alpha's thread, as the service does."""
+
+    async def seed() -> None:
+        client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+        keys = Keys(server.settings.key_prefix)
+        store = Store(client, keys, run_ttl=3600, thread_ttl=3600)
+        try:
+            for _ in range(count):
+                stamp = now_iso()
+                await store.put_run(
+                    RunRecord(
+                        run_id=str(uuid.uuid4()),
+                        thread_id=thread_id,
+                        assistant_id="agent",
+                        created_at=stamp,
+                        updated_at=stamp,
+                        status="success",
+                        replica="gone",
+                        tenant="alpha",
+                    )
+                )
+        finally:
+            await client.aclose()
+
+    asyncio.run(seed())
+
+
+def commands_meanwhile(redis_url: str, namespace: str, seconds: float) -> int:
+    """Redis commands naming keys of ``namespace`` during ``seconds`` (by MONITOR)."""
+    client = redis.Redis.from_url(redis_url)
+    counted = 0
+    try:
+        with client.monitor() as monitor:
+            deadline = time.monotonic() + seconds
+            for command in monitor.listen():
+                if namespace in command["command"]:
+                    counted += 1
+                if time.monotonic() > deadline:
+                    break
+    finally:
+        client.close()
+    return counted
+
+
+async def open_streams(
+    http: httpx.AsyncClient, path: str, count: int, stack: contextlib.AsyncExitStack
+) -> list[httpx.Response]:
+    """``count`` streams of ``path``, open (their headers read) until ``stack`` closes."""
+    return [await stack.enter_async_context(http.stream("GET", path)) for _ in range(count)]
+
+
+def test_idle_thread_streams_cost_nothing_per_run_of_history(
+    server: ServerProcess, redis_url: str
+) -> None:
+    """Given a thread with 3,000 finished runs and the most streams its tenant may hold
+    open on it, none of them with anything to send, then in 3 s they make fewer than 300
+    Redis commands (before, each look for a new run read every run record, one round
+    trip each, twice a second), and another tenant's thread reads answer."""
+    thread_id = f"long-{uuid.uuid4().hex[:8]}"
+    created = httpx.post(
+        f"{server.url}/threads", json={"thread_id": thread_id}, headers=auth(server)
+    )
+    assert created.status_code == 200
+    seed_history(server, redis_url, thread_id, HISTORY)
+    other = httpx.post(f"{server.url}/threads", json={}, headers=auth(server, 1)).json()
+
+    async def scenario() -> tuple[int, int]:
+        async with (
+            httpx.AsyncClient(base_url=server.url, headers=auth(server), timeout=30) as http,
+            contextlib.AsyncExitStack() as stack,
+        ):
+            opened = await open_streams(http, f"/threads/{thread_id}/stream", MAX_STREAMS, stack)
+            assert {r.status_code for r in opened} == {200}
+            await asyncio.sleep(1.0)  # past their first look
+            counted = await asyncio.to_thread(
+                commands_meanwhile, redis_url, server.settings.namespace, 3.0
+            )
+            read = httpx.get(
+                f"{server.url}/threads/{other['thread_id']}", headers=auth(server, 1), timeout=30
+            )
+            return counted, read.status_code
+
+    counted, status = asyncio.run(scenario())
+    assert counted < 300, counted
+    assert status == 200
+
+
+def test_a_tenant_beyond_its_streams_is_429_and_others_are_not(server: ServerProcess) -> None:
+    """Given a tenant holding its most streams (of a thread's and of a run's), then one
+    more is a 429 with Retry-After; another tenant still opens one; and once one of the
+    first tenant's streams closes, it may open another."""
+    alpha = httpx.post(f"{server.url}/threads", json={}, headers=auth(server)).json()
+    beta = httpx.post(f"{server.url}/threads", json={}, headers=auth(server, 1)).json()
+
+    async def scenario() -> tuple[int, str | None, int, int]:
+        async with (
+            httpx.AsyncClient(base_url=server.url, headers=auth(server), timeout=30) as http,
+            httpx.AsyncClient(base_url=server.url, headers=auth(server, 1), timeout=30) as other,
+            contextlib.AsyncExitStack() as stack,
+        ):
+            path = f"/threads/{alpha['thread_id']}/stream"
+            held = await open_streams(http, path, MAX_STREAMS - 1, stack)
+            last = await http.send(http.build_request("GET", path), stream=True)
+            assert {r.status_code for r in [*held, last]} == {200}
+            refused = await http.get(path)
+            async with other.stream("GET", f"/threads/{beta['thread_id']}/stream") as theirs:
+                their_status = theirs.status_code
+            await last.aclose()
+            again = 0
+            for _ in range(50):  # the server notices the client left
+                async with http.stream("GET", path) as retry:
+                    again = retry.status_code
+                if again == 200:
+                    break
+                await asyncio.sleep(0.1)
+            return refused.status_code, refused.headers.get("retry-after"), their_status, again
+
+    refused, retry_after, theirs, again = asyncio.run(scenario())
+    assert (refused, retry_after) == (429, "1")
+    assert theirs == 200
+    assert again == 200

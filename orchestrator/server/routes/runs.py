@@ -10,7 +10,7 @@ from fastapi.responses import StreamingResponse
 
 from orchestrator.server.errors import Conflict, NotFound, Unsupported
 from orchestrator.server.eventlog import parse_id
-from orchestrator.server.openapi import CONFLICT, NOT_FOUND, RUN_START
+from orchestrator.server.openapi import AT_CAPACITY, CONFLICT, NOT_FOUND, RUN_START
 from orchestrator.server.records import RunRecord
 from orchestrator.server.responses import Run
 from orchestrator.server.routes.threads import existing_thread
@@ -25,6 +25,7 @@ from orchestrator.server.schemas import (
 )
 from orchestrator.server.services import Services, Svc, Tenant, json_response
 from orchestrator.server.streaming import event_filter, run_locations, sse_response
+from orchestrator.server.streamquota import Streams
 
 router = APIRouter(tags=["runs"])
 
@@ -130,12 +131,18 @@ async def join_run(svc: Svc, tenant: Tenant, thread_id: ThreadId, run_id: RunId)
 
 @router.get(
     "/threads/{thread_id}/runs/{run_id}/stream",
-    responses={**_SSE, **NOT_FOUND, 422: {"description": "Last-Event-ID is not an event id"}},
+    responses={
+        **_SSE,
+        **NOT_FOUND,
+        **AT_CAPACITY,
+        422: {"description": "Last-Event-ID is not an event id"},
+    },
     response_class=StreamingResponse,
 )
 async def join_stream(
     svc: Svc,
     tenant: Tenant,
+    streams: Streams,
     thread_id: ThreadId,
     run_id: RunId,
     stream_mode: Annotated[list[str] | None, Query()] = None,
@@ -166,6 +173,7 @@ async def join_stream(
         after=after,
         cancel_on_disconnect=cancel_on_disconnect,
         metadata=last_event_id is None,
+        release=streams.take(tenant),  # last: nothing after it may fail
     )
 
 

@@ -10,6 +10,14 @@ replayed too, from just after that event (event ids grow with time across a thre
 runs, so one id says where a client stopped in all of them; a run's opening ``metadata``
 is sent again only for a run created after it). Between runs a comment line
 keeps the connection open.
+
+What a listener costs does not grow with the thread's history: while no run streams,
+each look for a new run reads the ids of the thread's :data:`WATCH` newest runs (one
+sorted-set read) and only the records of ids it has not seen; joining reads the newest
+:data:`JOIN_WINDOW` records (:data:`REPLAY_WINDOW` with ``Last-Event-ID``) in one round
+trip. A run still going that is older than those windows is not streamed (a thread's
+runs go one after the other: the one going is among its newest). Each tenant holds at
+most ``TOOLFLEET_TENANT_MAX_STREAMS`` streams open on a replica (429 beyond).
 """
 
 from __future__ import annotations
@@ -26,20 +34,27 @@ from fastapi.responses import StreamingResponse
 from orchestrator.server.encoding import SSE_HEARTBEAT, dumps, sse_frame
 from orchestrator.server.errors import Unsupported
 from orchestrator.server.eventlog import END, FollowerDropped, parse_id
-from orchestrator.server.openapi import NOT_FOUND
+from orchestrator.server.openapi import AT_CAPACITY, NOT_FOUND
 from orchestrator.server.records import RunRecord
 from orchestrator.server.routes.threads import existing_thread
 from orchestrator.server.schemas import ThreadId
 from orchestrator.server.services import Services, Svc, Tenant
-from orchestrator.server.streaming import HEARTBEAT
+from orchestrator.server.streaming import HEARTBEAT, HeldStreamingResponse
+from orchestrator.server.streamquota import Streams
 
 router = APIRouter(prefix="/threads", tags=["threads"])
 
 POLL = 0.5
 """Seconds between looks for a new run of the thread while none runs."""
 
-RUNS_READ = 1_000
-"""Most recent runs of the thread each look reads."""
+WATCH = 16
+"""Newest run ids of the thread each look reads (more when all of them are new)."""
+
+JOIN_WINDOW = 32
+"""Newest runs whose records a listener reads as it joins (to find those still going)."""
+
+REPLAY_WINDOW = 1_000
+"""Newest runs a listener resuming with ``Last-Event-ID`` considers for the replay."""
 
 ThreadStreamMode = Literal["run_modes", "lifecycle", "state_update"]
 
@@ -49,6 +64,7 @@ ThreadStreamMode = Literal["run_modes", "lifecycle", "state_update"]
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"},
         **NOT_FOUND,
+        **AT_CAPACITY,
         422: {"description": "Last-Event-ID is not an event id"},
     },
     response_class=StreamingResponse,
@@ -56,6 +72,7 @@ ThreadStreamMode = Literal["run_modes", "lifecycle", "state_update"]
 async def join_thread_stream(
     svc: Svc,
     tenant: Tenant,
+    streams: Streams,
     thread_id: ThreadId,
     # Not "| None": a nullable query parameter is documented as taking the text "null".
     stream_mode: Annotated[list[ThreadStreamMode], Query()] = ["run_modes"],  # noqa: B006
@@ -72,25 +89,35 @@ async def join_thread_stream(
     modes: set[str] = set(stream_mode)
     body = _frames(svc, record.key, modes, last_event_id)
     headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-    return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+    return HeldStreamingResponse(
+        body,
+        release=streams.take(tenant),  # last: nothing after it may fail
+        media_type="text/event-stream",
+        headers=headers,
+    )
 
 
 async def _frames(
     svc: Services, thread: str, modes: set[str], after: str | None
 ) -> AsyncIterator[bytes]:
-    # Runs finished before the client came are history: only a resuming client gets them.
-    seen = set() if after is not None else {r.run_id for r in await _runs(svc, thread) if r.done}
+    recent = await _newest(svc, thread, REPLAY_WINDOW if after is not None else JOIN_WINDOW)
+    seen = {r.run_id for r in recent}
+    if after is None:  # runs finished before the client came are history
+        due = [r for r in reversed(recent) if not r.done]
+    else:  # a resuming client gets those that went on after its last event
+        since = parse_id(after)[0]
+        due = [r for r in reversed(recent) if not r.done or _ms(r.updated_at) >= since]
     quiet_since = time.monotonic()
     while True:
-        fresh = [r for r in reversed(await _runs(svc, thread)) if r.run_id not in seen]
-        if not fresh:
+        if not due:
+            due = await _new_runs(svc, thread, seen)
+        if not due:
             if time.monotonic() - quiet_since >= HEARTBEAT:
                 quiet_since = time.monotonic()
                 yield SSE_HEARTBEAT
             await asyncio.sleep(POLL)
             continue
-        run = fresh[0]  # the oldest: runs of a thread go one after the other
-        seen.add(run.run_id)
+        run = due.pop(0)  # the oldest: runs of a thread go one after the other
         async for frame in _run_frames(svc, run, modes, after or "0-0"):
             yield frame
         quiet_since = time.monotonic()
@@ -129,6 +156,25 @@ async def _ended(svc: Services, run: RunRecord) -> bool:
     return last is None or last.event == END
 
 
-async def _runs(svc: Services, thread: str) -> list[RunRecord]:
-    """The thread's runs, newest first."""
-    return await svc.store.runs(thread, limit=RUNS_READ, offset=0)
+async def _newest(svc: Services, thread: str, count: int) -> list[RunRecord]:
+    """The thread's ``count`` newest runs, newest first (two round trips)."""
+    return await svc.store.runs_by_id(await svc.store.newest_run_ids(thread, count))
+
+
+async def _new_runs(svc: Services, thread: str, seen: set[str]) -> list[RunRecord]:
+    """Runs of the thread not in ``seen``, oldest first; ``seen`` becomes the ids read.
+
+    Reads the :data:`WATCH` newest ids, more while every one of them is new (many runs
+    came at once), up to :data:`REPLAY_WINDOW`.
+    """
+    window = WATCH
+    while True:
+        ids = await svc.store.newest_run_ids(thread, window)
+        fresh = [run_id for run_id in ids if run_id not in seen]
+        if len(fresh) < window or window >= REPLAY_WINDOW:
+            break
+        window = min(window * 4, REPLAY_WINDOW)
+    # Older ids never come back into the newest: forgetting them keeps ``seen`` small.
+    seen.clear()
+    seen.update(ids)
+    return await svc.store.runs_by_id(fresh[::-1])
