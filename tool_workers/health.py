@@ -3,7 +3,8 @@
 Healthy means both halves of a worker's job work: its consumer answers a ``ping``
 addressed to its own node over the broker (only that node is asked), and its registry
 entry is in Redis (orchestrators can discover its tools). Exit status 0 when both hold,
-1 otherwise, with one line saying which failed.
+1 otherwise, with one line saying which failed. ``--live`` checks the first half only
+(its consumer is alive): a liveness probe, where the readiness probe checks both.
 
 It imports no tool module: ``celery -A tool_workers inspect ping`` loads the worker's
 whole app, every tool module included, on every check (seconds of CPU and a hundred
@@ -26,13 +27,14 @@ from tool_workers.contract.names import worker_registry_key
 from tool_workers.contract.settings import Settings
 
 
-def check(settings: Settings, node: str, timeout: float) -> str | None:
+def check(settings: Settings, node: str, timeout: float, *, live: bool = False) -> str | None:
     """Why ``node`` is unhealthy, or ``None`` when it is healthy.
 
     Args:
         settings: The worker's settings (its broker, namespace and policy file).
         node: The worker's node name (``tool-worker@<host>``).
         timeout: Seconds to wait for the ping's reply.
+        live: Only whether its consumer answers (not its registry entry).
     """
     app = create_app(settings)
     try:
@@ -44,6 +46,8 @@ def check(settings: Settings, node: str, timeout: float) -> str | None:
         app.close()
     if not any(node in reply for reply in replies or []):
         return f"{node} did not answer a ping within {timeout:g} s"
+    if live:
+        return None
     client = redis_client(settings.own_redis_url, settings)
     try:
         registered = client.exists(worker_registry_key(settings.key_prefix, node))
@@ -61,9 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tool_workers.health")
     parser.add_argument("node", help="the worker's node name, e.g. tool-worker@$HOSTNAME")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait")
+    parser.add_argument(
+        "--live", action="store_true", help="only check that its consumer answers a ping"
+    )
     args = parser.parse_args(argv)
     try:
-        problem = check(Settings(), args.node, args.timeout)
+        problem = check(Settings(), args.node, args.timeout, live=args.live)
     except (ToolfleetError, ValueError) as exc:
         problem = f"cannot check {args.node}: {exc}"
     if problem is not None:
