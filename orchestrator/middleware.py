@@ -33,6 +33,7 @@ from langchain_core.tools import BaseTool
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
+from orchestrator import fairshare
 from orchestrator.call import CallSite, PreparedCall, prepare
 from orchestrator.dispatch.base import Dispatcher
 from orchestrator.dispatch.fleet import dispatcher_for
@@ -213,15 +214,22 @@ class CeleryToolMiddleware(AgentMiddleware):
             call = seen.call
             if site.passed():
                 raise _deadline_error(call, before=True)
-            seen.publishing()
-            dispatcher.submit([call], seen.on_state)
-            seen.dispatched()
+            gate, tenant = _gate_of(site)
+            if gate is not None and not gate.acquire_sync(tenant, site.remaining()):
+                raise _deadline_error(call, before=True)
             try:
-                result = dispatcher.wait(call)
-            except ResultTimeout as exc:
-                dispatcher.cancel([call], terminate=True)
-                seen.cancelled()
-                raise _deadline_error(call, before=False) from exc
+                seen.publishing()
+                dispatcher.submit([call], seen.on_state)
+                seen.dispatched()
+                try:
+                    result = dispatcher.wait(call)
+                except ResultTimeout as exc:
+                    dispatcher.cancel([call], terminate=True)
+                    seen.cancelled()
+                    raise _deadline_error(call, before=False) from exc
+            finally:
+                if gate is not None:
+                    gate.release(tenant)
             output = self._finish(call, result)
             seen.finished(result, output)
         return output
@@ -248,6 +256,10 @@ class CeleryToolMiddleware(AgentMiddleware):
             call = seen.call
             if site.passed():
                 raise _deadline_error(call, before=True)
+            # The tenant's turn (a run of the service): its other calls may be ahead.
+            gate, tenant = _gate_of(site)
+            if gate is not None and not await gate.acquire(tenant, site.remaining()):
+                raise _deadline_error(call, before=True)
             try:
                 seen.publishing()
                 await dispatcher.submit_async(call, seen.on_state)
@@ -262,6 +274,9 @@ class CeleryToolMiddleware(AgentMiddleware):
                 seen.cancelled()
                 await dispatcher.cancel_async([call], terminate=True)
                 raise
+            finally:
+                if gate is not None:
+                    gate.release(tenant)
             output = self._finish(call, result)
             await seen.afinished(result, output)
         return output
@@ -374,6 +389,14 @@ class CeleryToolMiddleware(AgentMiddleware):
     async def aafter_model(self, state: Any, runtime: Any) -> dict[str, Any] | None:
         """Async flavour of :meth:`after_model`."""
         return self.after_model(state, runtime)
+
+
+def _gate_of(site: CallSite) -> tuple[fairshare.CallGate | None, str]:
+    """The process's call gate and the run's tenant, when both are there (a run of
+    ``toolfleet serve``); else ``(None, "")``: the call goes out at once."""
+    gate = fairshare.installed()
+    tenant = fairshare.tenant_of(site.config) if gate is not None else None
+    return (gate, tenant) if gate is not None and tenant is not None else (None, "")
 
 
 def _deadline_error(call: PreparedCall, *, before: bool) -> RunDeadlineExceeded:

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from langgraph.store.memory import InMemoryStore
 from redis.exceptions import RedisError
 
+from orchestrator import fairshare
 from orchestrator.agent import async_checkpointer
 from orchestrator.dispatch.fleet import dispatcher_for
 from orchestrator.server import openapi
@@ -57,7 +58,7 @@ from orchestrator.server.runner import RunManager
 from orchestrator.server.services import Services
 from orchestrator.server.store import Store
 from orchestrator.server.streamquota import StreamQuota
-from orchestrator.server.tenancy import tenant_key, tenant_quota
+from orchestrator.server.tenancy import call_gate, tenant_key, tenant_quota
 from tool_workers.contract.connections import mask_secrets, redis_connection_kwargs
 from tool_workers.contract.errors import ConfigError
 from tool_workers.contract.placeholders import refuse_placeholders
@@ -147,6 +148,8 @@ async def _services(
     settings: Settings, replica: str, project: Sequence[ProjectGraph] | None
 ) -> AsyncIterator[Services]:
     dispatcher = dispatcher_for(settings=settings)
+    # Every graph's toolfleet middleware in this process takes its runs' turns here.
+    fairshare.install(call_gate(settings))
     keys = Keys(settings.key_prefix)
     url = settings.own_redis_url
     strings = pooled_client(url, settings, settings.redis_pool_size, decode_responses=True)
@@ -200,6 +203,7 @@ async def _services(
         finally:
             await manager.close()
             await relay.close()
+            fairshare.install(None)
             for client in (strings, raw, relay_client):
                 await client.aclose()
 

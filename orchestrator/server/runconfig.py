@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from orchestrator.fairshare import TENANT_KEY
 from orchestrator.server.records import RunRecord
 from orchestrator.server.schemas import RunConfig, RunCreate
 
@@ -29,7 +30,14 @@ def run_config(run: RunRecord, body: RunCreate, graph_id: str) -> dict[str, Any]
         "graph_id": graph_id,
     }
     # The graph's thread is the thread key: two tenants' threads "t1" are two threads.
-    configurable: dict[str, Any] = {**given.configurable, **identity, "thread_id": run.thread_key}
+    # The tenant takes its turns of tool calls with it (orchestrator.fairshare): set here,
+    # over any value of the client's or the assistant's.
+    configurable: dict[str, Any] = {
+        **given.configurable,
+        **identity,
+        "thread_id": run.thread_key,
+        TENANT_KEY: run.tenant,
+    }
     if body.checkpoint is not None:
         configurable.update(body.checkpoint.model_dump(exclude_none=True, exclude={"thread_id"}))
     if body.checkpoint_id:

@@ -15,6 +15,12 @@ Per replica, a tenant executes at most ``TOOLFLEET_TENANT_MAX_RUNS`` runs at onc
 wait their turn, pending) and holds at most that many plus
 ``TOOLFLEET_TENANT_MAX_QUEUED`` (more are refused with 429). With both below
 ``TOOLFLEET_MAX_RUNS`` together, one tenant's load never fills the replica for another.
+
+Runs are not what the workers are busy with: tool calls are. Per replica, a tenant's runs
+have at most ``TOOLFLEET_TENANT_MAX_CALLS`` tool calls in flight, and all tenants' runs
+``TOOLFLEET_MAX_CALLS``; further calls wait for their turn, tenant by tenant
+(:mod:`orchestrator.fairshare`). Storage is bounded per tenant too
+(:mod:`orchestrator.server.quota`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from orchestrator.fairshare import CallGate
 from orchestrator.server.errors import AtCapacity
 from orchestrator.server.keys import Keys
 from tool_workers.contract.settings import Settings
@@ -106,3 +113,14 @@ def tenant_quota(settings: Settings) -> TenantQuota:
     running = settings.tenant_max_runs or share
     queued = share if settings.tenant_max_queued is None else settings.tenant_max_queued
     return TenantQuota(running, queued)
+
+
+DEFAULT_TENANT_MAX_CALLS = 4
+"""Tool calls of one tenant in flight per replica when ``TOOLFLEET_TENANT_MAX_CALLS`` is
+unset: the compose file's tool worker slots (``TOOL_WORKER_CONCURRENCY``)."""
+
+
+def call_gate(settings: Settings) -> CallGate:
+    """The turns of tool calls ``settings`` ask for (per tenant: 4, at most ``max_calls``)."""
+    per_tenant = settings.tenant_max_calls or DEFAULT_TENANT_MAX_CALLS
+    return CallGate(min(per_tenant, settings.max_calls), settings.max_calls)

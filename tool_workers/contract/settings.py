@@ -286,6 +286,14 @@ class Settings(BaseSettings):
     thread_ttl: int = Field(default=2_592_000, gt=0)
     """Seconds a thread's record is kept in Redis after its last change (its checkpoints
     are the checkpointer's to keep)."""
+    # -- fair shares and storage quotas between tenants (toolfleet serve) -----------------
+    max_calls: int = Field(default=64, gt=0)
+    """Tool calls the runs of one replica of the HTTP service have in flight at once;
+    more wait their turn (tenant by tenant, round robin)."""
+    tenant_max_calls: int | None = Field(default=None, gt=0)
+    """Tool calls of one tenant's runs in flight at once on one replica; more wait their
+    turn. Default 4 (at most ``max_calls``): keep it at or below the worker slots the
+    tenants share, so another tenant's call waits for at most one call of this one's."""
     # -- the HTTP service under abuse (toolfleet serve) ------------------------------------
     http_header_timeout: float = Field(default=10.0, gt=0)
     """Seconds a client of the HTTP service has to send a request's head (request line and
