@@ -4,12 +4,15 @@ one worker runs as ``nobody`` itself."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
 import stat
 import sys
 import sysconfig
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -96,3 +99,101 @@ class NobodyWorker(WorkerProcess):
         site = Path(sysconfig.get_paths()["purelib"])
         argv = [sandbox_python(), *super().command()[1:]]
         return as_nobody(argv, [REPO, site], env=f'PYTHONPATH="{REPO}:{site}"')
+
+
+class Beacon:
+    """A TCP listener on 127.0.0.1 that snippets report to (the network is not isolated, so
+    a report reaches the test from inside any namespace): each connection's bytes, in the
+    order they arrived."""
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server.settimeout(0.2)
+        self.port: int = self._server.getsockname()[1]
+        self.messages: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="beacon", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                data = b""
+                with contextlib.suppress(OSError):
+                    while chunk := conn.recv(4096):
+                        data += chunk
+            self.messages.append(data.decode(errors="replace"))
+
+    def send_code(self, message: str) -> str:
+        """Python lines that report ``message`` (an expression) to this beacon."""
+        return (
+            "import socket as _s\n"
+            f"with _s.create_connection(('127.0.0.1', {self.port}), timeout=5) as _c:\n"
+            f"    _c.sendall(str({message}).encode())\n"
+        )
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._server.close()
+
+
+class NoSysAdminWorker(WorkerProcess):
+    """A ``celery worker`` running as root without ``CAP_SYS_ADMIN`` (out of its bounding
+    set), as in a container with the default capabilities: it cannot make mount or pid
+    namespaces."""
+
+    def command(self) -> list[str]:
+        return [
+            "setpriv",
+            "--bounding-set=-sys_admin",
+            "--inh-caps=-sys_admin",
+            "--",
+            *super().command(),
+        ]
+
+
+# Run by root: a user namespace mapping uids 0-65535 to themselves, where no further user
+# namespace may be made (user.max_user_namespaces is per user namespace), then the command.
+_NO_USERNS = """
+import os, sys
+CLONE_NEWUSER = 0x10000000
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+ready_r, ready_w = os.pipe()
+mapped_r, mapped_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    if libc.unshare(CLONE_NEWUSER) != 0:
+        os._exit(100)
+    os.write(ready_w, b"x")
+    os.read(mapped_r, 1)
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
+    with open("/proc/sys/user/max_user_namespaces", "w") as f:
+        f.write("0")
+    os.execvp(sys.argv[1], sys.argv[1:])
+import signal
+signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGTERM))
+os.read(ready_r, 1)
+for name in ("uid_map", "gid_map"):
+    with open(f"/proc/{pid}/{name}", "w") as f:
+        f.write("0 0 65536")
+os.write(mapped_w, b"x")
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+class NoUserNamespaceWorker(NobodyWorker):
+    """A :class:`NobodyWorker` on a host where unprivileged user namespaces are off (here:
+    in a user namespace whose ``user.max_user_namespaces`` is 0). Its pid is the helper's
+    that waits for it and passes it SIGTERM."""
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", _NO_USERNS, *super().command()]

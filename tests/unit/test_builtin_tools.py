@@ -6,15 +6,18 @@ message for the model), so refusals are checked with ``pytest.raises``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 import tracemalloc
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import BaseTool
@@ -60,23 +63,6 @@ def outside(tmp_path: Path, tools: dict[str, BaseTool], root: Path) -> Path:
     (root / "escape").symlink_to(out, target_is_directory=True)
     (root / "leak.txt").symlink_to(out / "secret.txt")
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead, just not reaped
-
-
-def _wait_dead(pid: int, within: float = 3.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.02)
-    return False
 
 
 # --- the toolset ------------------------------------------------------------------------
@@ -413,40 +399,56 @@ def test_given_worker_env_and_cwd_when_run_then_secrets_hidden_and_cwd_empty(
     assert "None []" in call(tools["run_python"], code=code)
 
 
-def _printed_pid(out: str) -> int:
-    return int(out.split("--- stdout ---\n")[1].split()[1])
+def _sleeper(token: str) -> str:
+    """A snippet line starting a child that sleeps a minute, ``token`` on its command line
+    (its pid, in the call's pid namespace, means nothing to the test)."""
+    return (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {token!r}])\n"
+        "print('started', flush=True)\n"
+    )
+
+
+def _gone(token: str, within: float = 3.0) -> bool:
+    """Whether no process with ``token`` on its command line is left (within a while)."""
+
+    def left() -> bool:
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if token in proc.cmdline():
+                    return True
+        return False
+
+    deadline = time.monotonic() + within
+    while left():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def test_given_endless_code_when_timeout_passes_then_group_killed_and_reported(
     tools: dict[str, BaseTool],
 ) -> None:
-    code = (
-        "import subprocess, sys, time\n"
-        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-        "print('started', p.pid, flush=True)\n"
-        "time.sleep(60)\n"
-    )
+    token = f"tft-{uuid.uuid4().hex}"
+    code = _sleeper(token) + "time.sleep(60)\n"
     t0 = time.monotonic()
     out = call(tools["run_python"], code=code, timeout=1.0)
     assert time.monotonic() - t0 < 10
     assert out.startswith("timed out after 1 s")
     assert "killed by SIGKILL" in out and "started" in out
-    assert _wait_dead(_printed_pid(out))
+    assert _gone(token)
 
 
 def test_given_background_child_when_code_exits_then_child_killed(
     tools: dict[str, BaseTool],
 ) -> None:
-    code = (
-        "import subprocess, sys\n"
-        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-        "print('started', p.pid)\n"
-    )
+    token = f"tft-{uuid.uuid4().hex}"
     t0 = time.monotonic()
-    out = call(tools["run_python"], code=code)
-    assert out.startswith("exit code: 0")
+    out = call(tools["run_python"], code=_sleeper(token))
+    assert out.startswith("exit code: 0") and "started" in out
     assert time.monotonic() - t0 < 10
-    assert _wait_dead(_printed_pid(out))
+    assert _gone(token)
 
 
 def test_given_timeout_over_max_when_run_then_capped() -> None:
@@ -492,15 +494,16 @@ def test_given_text_when_echoed_then_returned_unchanged(tools: dict[str, BaseToo
     assert call(tools["echo"], text="héllo\nworld") == "héllo\nworld"
 
 
-def test_given_root_worker_and_unknown_sandbox_user_when_tools_built_then_config_error(
-    root: Path,
-) -> None:
+def test_given_malformed_sandbox_uids_when_tools_built_then_config_error(root: Path) -> None:
     assert os.geteuid() == 0  # the tests run as root, like CI
-    with pytest.raises(ConfigError, match="TOOLFLEET_SANDBOX_USER: no user 'no-such-user-tf'"):
-        get_tools(Settings(workspace_root=root, sandbox_user="no-such-user-tf"))
+    with pytest.raises(ConfigError, match="TOOLFLEET_SANDBOX_UIDS: not uids or ranges"):
+        get_tools(Settings(workspace_root=root, sandbox_uids="sixty-thousand"))
 
 
-def test_given_numeric_sandbox_user_when_run_then_snippet_runs_as_that_uid() -> None:
-    (tool,) = sandbox_tools(user="65534", python=sandbox_python())
-    out = call(tool, code="import os; print(os.getuid(), os.getgid(), os.getgroups())")
-    assert "65534 65534 []" in out
+def test_given_sandbox_uids_when_calls_run_then_each_runs_as_a_uid_of_the_range() -> None:
+    (tool,) = sandbox_tools(uids="61000-61001", python=sandbox_python())
+    code = "import os; print('ids', os.getuid(), os.getgid(), os.getgroups())"
+    outs = [call(tool, code=code) for _ in range(4)]
+    ids = [line for out in outs for line in out.splitlines() if line.startswith("ids ")]
+    assert len(ids) == 4
+    assert set(ids) <= {"ids 61000 61000 []", "ids 61001 61001 []"}

@@ -223,3 +223,23 @@ def test_each_version_is_routed_to_its_tool_queue_unless_the_policy_names_a_queu
     assert first["echo"][legacy.version].queue == "tools"
     by_hand = [r for r in caplog.records if "routes grep to queue 'files'" in r.getMessage()]
     assert len(by_hand) == 1 and "stranger" in by_hand[0].getMessage()
+
+
+def test_given_an_entry_without_sandbox_isolation_when_parsed_then_none() -> None:
+    """An entry of an older worker (no ``sandbox_isolation``) still parses; a worker
+    serving run_python names the isolation of its calls, one not serving it names none."""
+    from tool_workers.contract.models import ToolSpec, WorkerEntry
+    from tool_workers.runtime.registry import build_entry
+
+    old = WorkerEntry.model_validate_json(
+        '{"worker": "w@h", "pid": 1, "queues": ["tools"], "tools": [], "updated_at": 0}'
+    )
+    spec = ToolSpec.model_validate(
+        {"name": "run_python", "description": "", "args_schema": {}, "queue": "sandbox"}
+    )
+    serving = build_entry("w@h", ["sandbox"], [spec], {"run_python": "namespaces"})
+    elsewhere = build_entry("w@h", ["tools"], [spec], {"run_python": "namespaces"})
+
+    assert old.sandbox_isolation is None
+    assert serving.sandbox_isolation == "namespaces"
+    assert elsewhere.sandbox_isolation is None

@@ -43,8 +43,7 @@ def get_tools(settings: Settings) -> list[BaseTool]:
 
     Raises:
         OSError: the workspace root cannot be created.
-        ConfigError: the policy file is invalid, or the worker runs as root and
-            ``sandbox_user`` does not exist.
+        ConfigError: the policy file is invalid, or ``sandbox_uids`` is malformed.
     """
     root = settings.workspace_root.expanduser()
     root.mkdir(parents=True, exist_ok=True)
@@ -54,8 +53,9 @@ def get_tools(settings: Settings) -> list[BaseTool]:
         *sandbox_tools(
             memory_limit_bytes=settings.sandbox_memory_limit,
             max_processes=settings.sandbox_max_processes,
-            user=settings.sandbox_user,
+            uids=settings.sandbox_uids,
             python=settings.sandbox_python,
+            min_isolation=settings.sandbox_min_isolation,
         ),
         *diagnostic_tools(),
     ]

@@ -6,29 +6,44 @@ the process the snippet can see holds nothing but the config (no broker URL, no
 settings). The supervisor:
 
 1. marks itself non-dumpable (a same-user snippet cannot read its memory or environment,
-   nor ptrace it) and a *child subreaper*, so every process the snippet starts, even in
-   a session of its own or after a double fork, stays its descendant;
-2. starts the snippet with per-process rlimits (``RLIMIT_AS`` = the call's memory limit,
-   ``RLIMIT_CORE`` 0, ``RLIMIT_NPROC`` as a backstop), as the configured unprivileged
-   user when it runs as root;
-3. every ~50 ms sums the resident memory and counts the processes of the whole tree, and
-   stops the call when either passes the call's limit, the wall-clock timeout passes,
-   the worker asks it to stop (SIGTERM) or the worker process is gone;
-4. when the call ends, for whatever reason, SIGKILLs and reaps every descendant, over and
+   nor ptrace it), asks for SIGTERM when the worker's process dies, and makes itself a
+   *child subreaper*, so every process the snippet starts, even in a session of its own
+   or after a double fork, stays its descendant;
+2. with ``namespaces`` (see :func:`probe`), moves into new mount and IPC namespaces (and
+   a user namespace when not root), mounts the call's private tmpfs (its size the call's
+   memory limit) and starts the call's *init*: the first process of a new pid namespace,
+   which dies with the supervisor (``PR_SET_PDEATHSIG``) and takes every process of the
+   namespace with it. The init gives the call a mount namespace of its own, where
+   ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are folders of that tmpfs and ``/proc`` shows
+   the namespace's processes only, and runs the snippet there. The snippet cannot see,
+   signal or trace the supervisor or anything outside its namespace, and the kernel
+   drops the signals it sends its init;
+3. starts the snippet with per-process rlimits (``RLIMIT_AS`` = the call's memory limit,
+   ``RLIMIT_CORE`` 0, ``RLIMIT_NPROC`` as a backstop) and no new privileges, as the
+   call's own uid when it runs as root;
+4. every ~50 ms sums the resident memory of the snippet's whole tree and what the call
+   keeps in its tmpfs, counts its processes, and stops the call when either passes the
+   call's limit, the wall-clock timeout passes, the worker asks it to stop (SIGTERM) or
+   the worker process is gone;
+5. when the call ends, for whatever reason, SIGKILLs and reaps every descendant, over and
    over until it has no child left, and writes one JSON report line to the report fd.
 
 The functions that set the process attributes (:func:`make_undumpable`,
-:func:`set_child_subreaper`) and :func:`kill_descendants` are also used by the worker.
+:func:`set_child_subreaper`) and :func:`kill_descendants` are also used by the worker, and
+``python supervisor.py --probe DIR`` tells it whether this host gives namespaces.
 This module imports only the standard library and psutil.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno as errnos
 import json
 import os
 import resource
+import select
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -41,15 +56,70 @@ import psutil
 POLL_INTERVAL = 0.05
 """Seconds between two measurements of the snippet's process tree."""
 
+_PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
+_PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_CHILD_SUBREAPER = 36
+
+# unshare(2) and mount(2) flags (linux/sched.h, linux/mount.h).
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+_MS_RDONLY = 0x1
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MS_NOEXEC = 0x8
+_MS_REMOUNT = 0x20
+_MS_BIND = 0x1000
+_MS_REC = 0x4000
+_MS_PRIVATE = 0x40000
+
+TMPFS_FOLDERS = {"tmp": "/tmp", "var-tmp": "/var/tmp", "shm": "/dev/shm"}
+"""Folders of the call's tmpfs and where the snippet sees them."""
+SNIPPET_DIR = "/tmp"
+"""Where the snippet's script lies in its namespace; its working directory is ``work`` below."""
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
 def _prctl(option: int, value: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(option, value, 0, 0, 0) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"prctl({option}, {value}): {os.strerror(errno)}")
+    _check(_libc.prctl(option, value, 0, 0, 0), f"prctl({option}, {value})")
+
+
+def unshare(flags: int) -> None:
+    """unshare(2) (``os.unshare`` is Python 3.12's)."""
+    _check(_libc.unshare(flags), f"unshare({flags:#x})")
+
+
+def mount(source: str, target: str, fstype: str | None, flags: int, data: str = "") -> None:
+    """mount(2)."""
+    _check(
+        _libc.mount(
+            source.encode(),
+            target.encode(),
+            fstype.encode() if fstype else None,
+            ctypes.c_ulong(flags),
+            data.encode() if data else None,
+        ),
+        f"mount {fstype or 'bind'} on {target}",
+    )
+
+
+def set_parent_death_signal(sig: int) -> None:
+    """Have the kernel send ``sig`` to this process when the thread that started it ends."""
+    _prctl(_PR_SET_PDEATHSIG, sig)
+
+
+def set_no_new_privs() -> None:
+    """No exec of this process or its children gains privileges (set-uid files, caps)."""
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
 
 
 def make_undumpable() -> None:
@@ -129,6 +199,17 @@ class Config:
     report_fd: int
     uid: int | None = None
     gid: int | None = None
+    namespaces: bool = False
+    """Run the snippet in namespaces of its own (see :func:`probe`); its source is then
+    read from stdin (``script`` and ``cwd`` are the paths it gets inside), and
+    ``call_dir`` is where the supervisor mounts the call's tmpfs."""
+    call_dir: str | None = None
+    reach: list[str] = field(default_factory=list)
+    """Folders (the interpreter's) the snippet's uid must reach in its mount namespace, even
+    below a folder closed to it: there, each closed folder above them is covered by an
+    empty tmpfs and they are bind-mounted back, read-only."""
+    parent: int | None = None
+    """The pid of the worker process that started this supervisor."""
 
 
 @dataclass
@@ -174,7 +255,8 @@ def processes_of(uid: int) -> int:
 
 
 def child_limits(config: Config) -> Callable[[], None]:
-    """The rlimits the snippet starts with, applied in the child before exec."""
+    """The rlimits (and no new privileges) the snippet starts with, applied in the child
+    before exec. Counted here, where this process sees all of the user's processes."""
     uid = config.uid if config.uid is not None else os.getuid()
     # RLIMIT_NPROC counts every process of the user (root is exempt): a backstop that
     # stops a fork bomb faster than the poll can: twice the call's limit above the
@@ -187,24 +269,199 @@ def child_limits(config: Config) -> Callable[[], None]:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if nproc is not None:
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        set_no_new_privs()
 
     return apply
 
 
-def _start_snippet(config: Config) -> subprocess.Popen[bytes]:
+def _start_snippet(
+    config: Config, script: str, cwd: str, limits: Callable[[], None]
+) -> subprocess.Popen[bytes]:
     drop = config.uid is not None and config.uid != os.geteuid()
     return subprocess.Popen(
-        [config.python, "-I", config.script],
+        [config.python, "-I", script],
         stdin=subprocess.DEVNULL,
-        cwd=config.cwd,
+        cwd=cwd,
         env=config.env,
         close_fds=True,
         start_new_session=True,
         user=config.uid if drop else None,
         group=config.gid if drop else None,
         extra_groups=[] if drop else None,
-        preexec_fn=child_limits(config),
+        preexec_fn=limits,
     )
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w", encoding="ascii") as out:
+        out.write(text)
+
+
+def enter_namespaces(call_dir: str, size: int) -> None:
+    """Move this process into new mount and IPC namespaces, its next child into a new pid
+    namespace (and, when not root, all of them into a new user namespace where this
+    process keeps its uid and gid), and mount a tmpfs of ``size`` bytes on ``call_dir``,
+    private to these namespaces.
+
+    Raises:
+        OSError: the kernel (or the container's policy) refuses one of these.
+    """
+    uid, gid = os.geteuid(), os.getegid()
+    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC
+    unshare(flags | (CLONE_NEWUSER if uid != 0 else 0))
+    if uid != 0:
+        # /proc/self of a non-dumpable process is root's: dumpable for these three writes
+        # (no process of another call can see this one, and it holds no secret).
+        _prctl(_PR_SET_DUMPABLE, 1)
+        try:
+            _write("/proc/self/setgroups", "deny")
+            _write("/proc/self/uid_map", f"{uid} {uid} 1")
+            _write("/proc/self/gid_map", f"{gid} {gid} 1")
+        finally:
+            make_undumpable()
+    mount("none", "/", None, _MS_REC | _MS_PRIVATE)
+    mount("toolfleet-call", call_dir, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={size},mode=0700")
+
+
+def tmpfs_used(path: str) -> int:
+    """Bytes in use on the file system at ``path``."""
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def _outermost(paths: list[str]) -> list[str]:
+    """``paths`` without those inside another of them."""
+    kept = sorted({os.path.normpath(p) for p in paths})
+    return [p for p in kept if not any(q != p and p.startswith(q.rstrip("/") + "/") for q in kept)]
+
+
+def _open_path_to(path: str) -> None:
+    """Make every folder above ``path`` enterable by any user in this mount namespace: a
+    folder closed to others is covered by an empty tmpfs (mode 0755), and folders missing
+    below such a cover are made."""
+    current = "/"
+    for part in path.strip("/").split("/")[:-1]:
+        current = os.path.join(current, part)
+        if not os.path.isdir(current):
+            os.mkdir(current, 0o755)
+        elif not os.stat(current).st_mode & stat.S_IXOTH:
+            mount("toolfleet-reach", current, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
+    if not os.path.isdir(path):
+        os.mkdir(path, 0o755)
+
+
+def _bind_read_only(source: str, target: str) -> None:
+    mount(source, target, None, _MS_BIND | _MS_REC)
+    kept = os.statvfs(target).f_flag & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    mount("none", target, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | kept)
+
+
+def _call_init(config: Config, life_fd: int, limits: Callable[[], None]) -> int:
+    """The first process of the call's pid namespace: build the snippet's mount namespace,
+    run the snippet, wait for it (and reap what it leaves), and return its exit code."""
+    set_parent_death_signal(signal.SIGKILL)
+    if select.select([life_fd], [], [], 0)[0]:  # the supervisor died before the line above
+        raise OSError(errnos.ESRCH, "the supervisor is gone")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    make_undumpable()
+    call_dir = config.call_dir
+    assert call_dir is not None
+    unshare(CLONE_NEWNS)
+    mount("none", "/", None, _MS_REC | _MS_PRIVATE)
+    # Sources relative to the tmpfs's root: once it is under the private /tmp, its path
+    # leads nowhere.
+    os.chdir(call_dir)
+    views = []
+    for i, path in enumerate(_outermost(config.reach)):
+        view = os.path.join("reach", str(i))
+        os.makedirs(view)
+        mount(path, view, None, _MS_BIND | _MS_REC)
+        views.append((path, view))
+    for name, target in TMPFS_FOLDERS.items():
+        if os.path.isdir(target) and not os.path.islink(target):
+            mount(name, target, None, _MS_BIND)
+    for path, view in views:
+        _open_path_to(path)
+        _bind_read_only(view, path)
+    mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    snippet = _start_snippet(config, config.script, config.cwd, limits)
+    while True:
+        pid, status = os.wait()
+        if pid == snippet.pid:
+            snippet.returncode = os.waitstatus_to_exitcode(status)  # reaped here
+            return snippet.returncode
+
+
+def _prepare_tmpfs(config: Config, code: bytes) -> None:
+    """The call's tmpfs: a folder for each of ``TMPFS_FOLDERS`` (mode 1777), the script
+    and the working directory (the snippet's) in ``tmp``."""
+    assert config.call_dir is not None
+    for name in TMPFS_FOLDERS:
+        folder = os.path.join(config.call_dir, name)
+        os.mkdir(folder)
+        os.chmod(folder, 0o1777)
+    tmp = os.path.join(config.call_dir, "tmp")
+    script = os.path.join(tmp, os.path.basename(config.script))
+    with open(script, "wb") as out:
+        out.write(code)
+    os.chmod(script, 0o644)
+    work = os.path.join(tmp, os.path.basename(config.cwd))
+    os.mkdir(work, 0o700)
+    if config.uid is not None and os.geteuid() == 0:
+        os.chown(work, config.uid, config.gid if config.gid is not None else -1)
+
+
+@dataclass
+class _Call:
+    """What the supervisor watches: the process whose end ends the call, the root of the
+    tree to measure, and (with namespaces) the init's report pipe and the call's tmpfs."""
+
+    main: int
+    tree: psutil.Process
+    report_fd: int = -1
+    tmpfs: str | None = None
+    keep: list[int] = field(default_factory=list)
+
+
+def _start(config: Config) -> _Call:
+    limits = child_limits(config)
+    if not config.namespaces:
+        snippet = _start_snippet(config, config.script, config.cwd, limits)
+        return _Call(snippet.pid, psutil.Process())
+    assert config.call_dir is not None
+    code = sys.stdin.buffer.read()
+    enter_namespaces(config.call_dir, config.memory_limit)
+    _prepare_tmpfs(config, code)
+    life_r, life_w = os.pipe()
+    report_r, report_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the init, in the call's pid namespace
+        status = 1
+        try:
+            os.close(life_w)
+            os.close(report_r)
+            os.close(config.report_fd)
+            message: dict[str, Any] = {"exit_code": _call_init(config, life_r, limits)}
+            status = 0
+        except BaseException as exc:  # reported, then this process ends
+            message = {"error": f"{type(exc).__name__}: {exc}"}
+        try:
+            os.write(report_w, json.dumps(message).encode())
+        finally:
+            os._exit(status)
+    os.close(life_r)
+    os.close(report_w)
+    os.set_blocking(report_r, False)
+    return _Call(pid, psutil.Process(pid), report_r, config.call_dir, keep=[life_w])
+
+
+def _init_report(call: _Call) -> dict[str, Any]:
+    try:
+        data = os.read(call.report_fd, 65536)
+        return dict(json.loads(data)) if data else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def supervise(config: Config) -> Report:
@@ -216,21 +473,30 @@ def supervise(config: Config) -> Report:
         stop = True
 
     signal.signal(signal.SIGTERM, on_term)
-    parent = os.getppid()
+    parent = config.parent if config.parent is not None else os.getppid()
     report = Report()
-    me = psutil.Process()
     try:
-        snippet = _start_snippet(config)
+        call = _start(config)
     except OSError as exc:
+        kill_tree()
         return Report(outcome="failed", reason={"error": f"{type(exc).__name__}: {exc}"})
     deadline = time.monotonic() + config.timeout
     try:
         while True:
             reaped = reap_children()
-            if snippet.pid in reaped:
-                report.exit_code = reaped[snippet.pid]
+            if call.main in reaped:
+                if call.tmpfs is None:
+                    report.exit_code = reaped[call.main]
+                    break
+                told = _init_report(call)
+                if "error" in told:
+                    report.outcome = "failed"
+                    report.reason = {"error": told["error"]}
+                report.exit_code = told.get("exit_code")
                 break
-            memory, count = measure(me)
+            memory, count = measure(call.tree)
+            if call.tmpfs is not None:
+                memory += tmpfs_used(call.tmpfs)
             report.peak_memory = max(report.peak_memory, memory)
             report.peak_processes = max(report.peak_processes, count)
             if memory > config.memory_limit:
@@ -244,26 +510,55 @@ def supervise(config: Config) -> Report:
             if time.monotonic() >= deadline:
                 report.outcome = "timeout"
                 break
+            if os.getppid() != parent:  # before stop: its death also sends SIGTERM
+                report.outcome = "orphaned"
+                break
             if stop:
                 report.outcome = "stopped"
-                break
-            if os.getppid() != parent:
-                report.outcome = "orphaned"
                 break
             time.sleep(POLL_INTERVAL)
     finally:
         reaped = kill_tree()
-        if report.exit_code is None and snippet.pid in reaped:
-            report.exit_code = reaped[snippet.pid]
-        snippet.returncode = report.exit_code  # reaped here, not by Popen
+        if report.exit_code is None and call.tmpfs is None and call.main in reaped:
+            report.exit_code = reaped[call.main]
+        elif report.exit_code is None and report.outcome not in ("exited", "failed"):
+            report.exit_code = -signal.SIGKILL  # the snippet, killed with its init
     return report
 
 
+def probe(call_dir: str) -> str | None:
+    """Whether this process can run a call in namespaces of its own (on ``call_dir``, an
+    empty folder): ``None`` when it can, else the refusal of the step that failed."""
+    try:
+        enter_namespaces(call_dir, 2**20)
+    except OSError as exc:
+        return str(exc)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the probe's init
+        try:
+            set_parent_death_signal(signal.SIGKILL)
+            unshare(CLONE_NEWNS)
+            mount("none", "/", None, _MS_REC | _MS_PRIVATE)
+            mount(call_dir, "/tmp", None, _MS_BIND)
+            mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        except OSError as exc:
+            os.write(2, str(exc).encode())
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return None if os.waitstatus_to_exitcode(status) == 0 else "the call's init failed"
+
+
 def main(argv: list[str]) -> int:
-    """Entry point: ``python -s -P supervisor.py CONFIG_JSON``."""
+    """Entry point: ``python -s -P supervisor.py CONFIG_JSON`` (or ``--probe DIR``)."""
     make_undumpable()
-    set_child_subreaper()
+    if argv[1] == "--probe":
+        print(json.dumps({"refused": probe(argv[2])}))
+        return 0
     config = Config(**json.loads(argv[1]))
+    # SIGTERM (a stop) when the worker's process dies; if it died already, stop at once.
+    set_parent_death_signal(signal.SIGTERM)
+    set_child_subreaper()
     report = supervise(config)
     with os.fdopen(config.report_fd, "w", encoding="utf-8") as out:
         out.write(json.dumps(asdict(report)) + "\n")

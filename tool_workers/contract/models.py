@@ -334,6 +334,11 @@ class WorkerEntry(BaseModel):
     queues: list[str]
     tools: list[ToolSpec]
     updated_at: float
+    sandbox_isolation: str | None = None
+    """The isolation between the ``run_python`` calls of a worker serving it: ``namespaces``,
+    ``uid`` or ``none``, followed by `` (refusing calls)`` when below the worker's
+    ``TOOLFLEET_SANDBOX_MIN_ISOLATION``; ``None`` when it does not serve ``run_python``
+    (or published no isolation: an older worker)."""
 
 
 def span_attributes(values: dict[str, Any]) -> dict[str, str | int]:

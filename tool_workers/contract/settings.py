@@ -207,12 +207,24 @@ class Settings(BaseSettings):
     together (each process also gets it as its address-space limit)."""
     sandbox_max_processes: int = Field(default=32, gt=0)
     """Processes one ``run_python`` call may run at once."""
-    sandbox_user: str = "nobody"
-    """User (name or uid) ``run_python`` snippets run as when the worker runs as root; a
-    worker running as another user runs them as itself."""
+    sandbox_uids: str = "60000-60063"
+    """Uids ``run_python`` calls run as when the worker runs as root: ``first-last`` or a
+    comma-separated list of uids and ranges. Each running call takes one of its own (its
+    group the same number, no supplementary groups), held across every worker of the
+    host; give no other user a uid of the range."""
     sandbox_python: str | None = None
-    """Interpreter ``run_python`` snippets run with (default: the worker's own); it must
-    be executable by ``sandbox_user``."""
+    """Interpreter ``run_python`` snippets run with (default: the worker's own). With
+    namespaces, the folders of the interpreter's installation (and of the venv it belongs
+    to) are made reachable in the call's mount namespace, even below a folder closed to
+    the call's uid, such as ``/root``."""
+    sandbox_min_isolation: Literal["namespaces", "uid", "none"] = "namespaces"
+    """The weakest isolation between ``run_python`` calls a worker accepts; where the host
+    gives less, every call is refused with one line naming what is missing. ``namespaces``:
+    each call in pid, mount and IPC namespaces of its own (and a user namespace when the
+    worker is not root) with a private ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/proc``,
+    as a uid of its own when root. ``uid`` (root without namespaces): a uid of its own
+    per call, the host's ``/tmp`` and ``/proc`` shared. ``none`` (not root, without user
+    namespaces): every call as the worker's user."""
     max_result_bytes: int = Field(default=1_000_000, gt=0)
     """Largest size of one result: content and artifact together. Content over it is
     truncated with a note; an artifact (or a Command update) over it is refused."""

@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import redis
 
@@ -35,15 +35,28 @@ TTL_REFRESHES = REGISTRY_TTL_REFRESHES
 """A worker entry outlives this many refresh intervals without a refresh."""
 
 
-def build_entry(worker: str, queues: Iterable[str], specs: Iterable[ToolSpec]) -> WorkerEntry:
-    """The entry for a worker consuming ``queues``: only tools routed to those queues."""
+def build_entry(
+    worker: str,
+    queues: Iterable[str],
+    specs: Iterable[ToolSpec],
+    isolation: Mapping[str, str] | None = None,
+) -> WorkerEntry:
+    """The entry for a worker consuming ``queues``: only tools routed to those queues.
+
+    ``isolation`` maps a tool that runs code (``run_python``) to the isolation between its
+    calls; the entry names it when that tool is among those served.
+    """
     queue_set = sorted(set(queues))
+    tools = [spec for spec in specs if spec.queue in queue_set]
+    named = isolation or {}
+    served = [named[spec.name] for spec in tools if spec.name in named]
     return WorkerEntry(
         worker=worker,
         pid=os.getpid(),
         queues=queue_set,
-        tools=[spec for spec in specs if spec.queue in queue_set],
+        tools=tools,
         updated_at=time.time(),
+        sandbox_isolation=served[0] if served else None,
     )
 
 

@@ -22,6 +22,7 @@ from celery import Celery, signals
 from celery.concurrency.prefork import TaskPool as PreforkPool
 from pydantic import ValidationError
 
+from tool_workers.builtin.sandbox import sandbox_isolation
 from tool_workers.builtin.supervisor import make_undumpable
 from tool_workers.celery_ext.drain import install as install_hand_back
 from tool_workers.celery_ext.event_loop import LimitWatchdog, spare_storing_calls
@@ -54,10 +55,11 @@ def serving(app: Celery, tools: Iterable[ToolSpec]) -> list[ToolSpec]:
     return [spec for spec in tools if spec.queue in consumed]
 
 
-def _start() -> tuple[Settings, Celery, dict[str, ToolSpec]]:
+def _start() -> tuple[Settings, Celery, dict[str, ToolSpec], dict[str, str]]:
     """Settings, the app and its tools; a setting or tool module that cannot work ends
     the process with one line saying why (Celery would bury it under its own traceback
-    of every way it tried to find the app)."""
+    of every way it tried to find the app). The last item maps each tool that runs code
+    to the isolation between its calls."""
     try:
         settings = Settings()
         # Flower runs on this app too (celery -A tool_workers flower) and reads its
@@ -68,19 +70,21 @@ def _start() -> tuple[Settings, Celery, dict[str, ToolSpec]]:
         # deliveries held under the lease).
         install_transport()
         app = create_app(settings, policies)
-        specs = register_tools(app, load_tools(settings), settings, policies)
+        tools = load_tools(settings)
+        specs = register_tools(app, tools, settings, policies)
+        isolation = {t.name: i for t in tools if (i := sandbox_isolation([t])) is not None}
     except ValidationError as exc:
         raise SystemExit(f"toolfleet: {settings_error(exc)}") from None
     except ToolfleetError as exc:
         raise SystemExit(f"toolfleet: {exc}") from None
-    return settings, app, specs
+    return settings, app, specs, isolation
 
 
 # Before anything else of the worker runs: a process of the worker's user (a run_python
 # snippet) cannot read this process's environment (the broker URL and its password) or
 # memory through /proc, nor ptrace it. Forked pool processes inherit the mark.
 make_undumpable()
-settings, app, specs = _start()
+settings, app, specs, isolation = _start()
 share_phases()  # before the pool forks: its processes inherit the table
 # A warm shutdown gives back at once the calls fetched and not started.
 install_hand_back(app)
@@ -144,7 +148,7 @@ def _publish_registry(sender: Any = None, **_: Any) -> None:
             settings.lease_refresh, stop_stale_calls, (_lease, sender.pool)
         )
     queues = [plain_queue_name(sender.app, name) for name in sender.app.amqp.queues.consume_from]
-    entry = build_entry(sender.hostname, queues, specs.values())
+    entry = build_entry(sender.hostname, queues, specs.values(), isolation)
     client = redis_client(settings.own_redis_url, settings)
     _publisher = RegistryPublisher(client, settings.key_prefix, entry, settings.registry_refresh)
     _publisher.start()
