@@ -34,6 +34,7 @@ from orchestrator.bench.agents import (
 from orchestrator.bench.delay_proxy import DelayProxy
 from orchestrator.bench.fleet import BenchFleet
 from orchestrator.bench.measure import summarise
+from orchestrator.dispatch.fleet import close_for
 
 DELIVERY = "BRPOP"
 """The worker's exchange that is the broker's own delivery of a call."""
@@ -105,6 +106,8 @@ def run_links(
                     repeats=repeats,
                 )
             finally:
+                # Before its link goes: the dispatcher's listener would report the loss.
+                close_for(main_settings)
                 fleet.stop_workers(workers)
         points.append({"delay_ms": delay_ms, **point})
     return {"fanout": fanout, "seconds": seconds, "calls": calls, "points": points}

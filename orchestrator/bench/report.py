@@ -198,10 +198,11 @@ def sections(report: dict[str, Any]) -> list[Section]:
             f"{t['value']:.3g} {t['unit']}".strip(),
             f"{t['op']} {t['limit']:g} {t['unit']}".strip(),
             "PASS" if t["pass"] else "MISS",
+            t.get("why", ""),
         ]
         for t in report["targets"]
     ]
-    out.append(("Targets", ["", "target", "measured", "limit", ""], rows))
+    out.append(("Targets", ["", "target", "measured", "limit", "", "why missed"], rows))
     return out
 
 
@@ -361,7 +362,7 @@ def _cost_sections(cost: dict[str, Any]) -> list[Section]:
     return out
 
 
-_TEXT_COLUMNS = {"mode", "target", "error", "side", "commands"}
+_TEXT_COLUMNS = {"why missed", "mode", "target", "error", "side", "commands"}
 
 
 def print_tables(report: dict[str, Any], console: Console) -> None:

@@ -134,18 +134,27 @@ QUICK = Plan(
     links_concurrency=8,
     cost_runs=4,
     cost_rounds=1,
+    cost_pool="threads",
+    cost_concurrency=2,
+    cost_idle_seconds=0.5,
     bound=60.0,
 )
+"""Seconds-long: every scenario once at a tiny size, but scale and links (they start
+hosts and workers of their own: tens of seconds on their own; run without ``--quick``)."""
+
+NOT_QUICK = ("scale", "links")
+"""Scenarios ``--quick`` leaves out unless ``--only`` names them."""
 
 
-def select(only: str | None) -> list[str]:
-    """Scenario names to run, from ``--only`` (ids or names, comma-separated).
+def select(only: str | None, quick: bool = False) -> list[str]:
+    """Scenario names to run, from ``--only`` (ids or names, comma-separated); without it
+    every scenario (with ``quick``, all but :data:`NOT_QUICK`).
 
     Raises:
         ValueError: an unknown scenario is named.
     """
     if not only:
-        return list(SCENARIOS.values())
+        return [name for name in SCENARIOS.values() if not (quick and name in NOT_QUICK)]
     chosen = []
     for item in (part.strip() for part in only.split(",") if part.strip()):
         name = SCENARIOS.get(item, item)
@@ -290,7 +299,7 @@ def main(
     Targets that are missed do not fail the command: a benchmark reports, it does not test.
     """
     console = console or cli_console()
-    scenarios = select(only)
+    scenarios = select(only, quick)
     if plot_path is not None:
         require_matplotlib()
     report = run_bench(

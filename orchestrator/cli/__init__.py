@@ -128,7 +128,7 @@ def status(
 @app.command()
 def bench(
     quick: Annotated[
-        bool, typer.Option(help="A tiny version of every scenario (seconds; for CI).")
+        bool, typer.Option(help="A tiny version of scenarios a-d and g (seconds; for CI).")
     ] = False,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the results as JSON here.")

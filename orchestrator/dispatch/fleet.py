@@ -28,14 +28,27 @@ def dispatcher_for(app: Celery | None = None, settings: Settings | None = None) 
         settings = _settings_for_app(app, settings)
         key: tuple[Any, ...] = ("app", id(app))
     else:
-        # The signing key too: a dispatcher signs and checks with its settings' key.
-        key = (settings.broker_url, settings.backend_url, settings.namespace, settings.signing_key)
+        key = _key(settings)
     with _lock:
         dispatcher = _dispatchers.get(key)
         if dispatcher is None or (app is not None and dispatcher.app is not app):
             dispatcher = CeleryDispatcher(app, settings)
             _dispatchers[key] = dispatcher
         return dispatcher
+
+
+def _key(settings: Settings) -> tuple[Any, ...]:
+    # The signing key too: a dispatcher signs and checks with its settings' key.
+    return (settings.broker_url, settings.backend_url, settings.namespace, settings.signing_key)
+
+
+def close_for(settings: Settings) -> None:
+    """Close the process-wide dispatcher of ``settings``, if one was made (before the
+    connection it uses goes away: its listener would report the loss)."""
+    with _lock:
+        dispatcher = _dispatchers.pop(_key(settings), None)
+    if dispatcher is not None:
+        dispatcher.close()
 
 
 def close_all() -> None:

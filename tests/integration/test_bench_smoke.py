@@ -51,6 +51,10 @@ def test_quick_bench_writes_a_complete_report(tmp_path: Path) -> None:
             "orchestrator.cli",
             "bench",
             "--quick",
+            # scale and links too: plain --quick leaves them out (hosts and workers of
+            # their own take tens of seconds).
+            "--only",
+            ",".join(SCENARIOS),
             "--json",
             str(report_path),
             "--plot",
@@ -99,7 +103,20 @@ def test_quick_bench_writes_a_complete_report(tmp_path: Path) -> None:
     kinds = ("commands", "bytes", "throughput")
     assert {f"g.{kind}.{mode}" for kind in kinds for mode in ("async", "sync")} <= ids
     assert all(isinstance(t["pass"], bool) for t in report["targets"])
+    # A missed target says why; the run prints no warning lines.
+    assert all(t["why"] for t in report["targets"] if not t["pass"])
+    assert "WARNING" not in done.stderr, done.stderr[-3000:]
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Targets" in done.stdout
     assert "f. Slow links" in done.stdout and "async / sync" in done.stdout
     assert "g. Cost per call" in done.stdout and "g. Idle background" in done.stdout
+
+
+def test_quick_leaves_out_the_scenarios_with_hosts_of_their_own() -> None:
+    """Given --quick without --only, then every scenario runs but scale and links (each
+    starts hosts and workers of its own); --only still names any."""
+    from orchestrator.bench.run import select
+
+    assert select(None, quick=True) == ["latency", "fanout", "throughput", "memory", "cost"]
+    assert select(None) == list(SCENARIOS.values())
+    assert select("e,f", quick=True) == ["scale", "links"]
