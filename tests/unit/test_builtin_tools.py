@@ -507,3 +507,24 @@ def test_given_sandbox_uids_when_calls_run_then_each_runs_as_a_uid_of_the_range(
     ids = [line for out in outs for line in out.splitlines() if line.startswith("ids ")]
     assert len(ids) == 4
     assert set(ids) <= {"ids 61000 61000 []", "ids 61001 61001 []"}
+
+
+def test_given_a_workspace_file_when_a_snippet_reads_and_writes_then_it_reads_only(
+    tools: dict[str, BaseTool], root: Path, tmp_path: Path
+) -> None:
+    """Given the workspace below a folder only root may enter, when a snippet reads a file
+    of it at its own path and writes beside it, then it reads the file (the workspace is
+    in its mount namespace, read-only) and the write fails; nothing beside the workspace
+    is there."""
+    (root / "data.txt").write_text("workspace data\n")
+    (tmp_path / "beside.txt").write_text("not for snippets\n")
+    code = (
+        "import os\n"
+        f"print('read', open({str(root / 'data.txt')!r}).read().strip())\n"
+        f"print('beside', os.path.exists({str(tmp_path / 'beside.txt')!r}))\n"
+        f"open({str(root / 'new.txt')!r}, 'w')\n"
+    )
+    out = call(tools["run_python"], code=code)
+    assert "read workspace data" in out and "beside False" in out, out
+    assert "OSError: [Errno 30] Read-only file system" in out, out
+    assert not (root / "new.txt").exists()

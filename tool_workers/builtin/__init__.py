@@ -56,6 +56,7 @@ def get_tools(settings: Settings) -> list[BaseTool]:
             uids=settings.sandbox_uids,
             python=settings.sandbox_python,
             min_isolation=settings.sandbox_min_isolation,
+            workspace=root.resolve(strict=True),
         ),
         *diagnostic_tools(),
     ]

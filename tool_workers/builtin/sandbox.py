@@ -16,7 +16,8 @@ Calls are kept apart from each other at the strongest of three levels the host a
   as a uid of its own from ``TOOLFLEET_SANDBOX_UIDS``, and the folders of its
   interpreter's installation (and venv) are made reachable to that uid in its mount
   namespace even below a folder closed to it (``/root``, a 0700 home): each closed folder
-  is covered by an empty tmpfs and the installation bind-mounted back, read-only.
+  is covered by an empty tmpfs and the installation bind-mounted back, read-only. The
+  workspace of the file tools is there too, read-only, at its own path.
 - ``uid`` (root, no namespaces: a container without ``CAP_SYS_ADMIN``): each call runs
   as a uid of its own, owner of its 0700 directory; it shares the host's ``/tmp``,
   ``/dev/shm`` and ``/proc`` (where it sees, but cannot read, trace or signal, the other
@@ -48,10 +49,10 @@ What else is contained:
   process dies; with namespaces the call's init (the first process of its pid namespace)
   dies with the supervisor, and the kernel then kills every process of the namespace. The
   supervisor runs as root (a root worker) or outside the call's namespaces, so (except
-  at the ``none`` level) the snippet can neither stop nor outlive it. When the snippet exits, times out or
-  passes a limit, when the worker's wait is interrupted (the soft time limit, an
-  exception) or the pool process dies (the hard time limit), every descendant is
-  SIGKILLed and reaped until none is left. Should the supervisor itself die, the pool
+  at the ``none`` level) the snippet can neither stop nor outlive it. When the snippet
+  exits, times out or passes a limit, when the worker's wait is interrupted (the soft
+  time limit, an exception) or the pool process dies (the hard time limit), every
+  descendant is SIGKILLed and reaped until none is left. Should the supervisor itself die, the pool
   process (a subreaper while the call runs) kills what it leaves.
 
 Still not contained: the network (a snippet can connect anywhere the worker can, the
@@ -451,6 +452,7 @@ def sandbox_tools(
     uids: str = DEFAULT_UIDS,
     python: str | None = None,
     min_isolation: str = "namespaces",
+    workspace: Path | None = None,
     max_timeout: float = DEFAULT_MAX_TIMEOUT,
     output_limit: int = DEFAULT_OUTPUT_LIMIT,
 ) -> list[BaseTool]:
@@ -469,6 +471,8 @@ def sandbox_tools(
         uids: The uids calls run as when the worker runs as root (``60000-60063``).
         python: Interpreter snippets run with (default: the worker's own).
         min_isolation: The weakest isolation accepted: one of :data:`ISOLATION_LEVELS`.
+        workspace: A folder calls may read (the file tools' workspace): with namespaces,
+            bound read-only at its own path in each call's mount namespace.
         max_timeout: Longest wall-clock timeout a call may ask for, in seconds.
         output_limit: Bytes of stdout and of stderr kept; the rest is counted and dropped.
 
@@ -489,7 +493,11 @@ def sandbox_tools(
     isolation = _isolation(root, min_isolation, interpreter)
     if isolation.refusal:
         log.warning(isolation.refusal)
-    reach = _reach(interpreter) if root and isolation.level == "namespaces" else []
+    reach = []
+    if isolation.level == "namespaces":
+        reach = _reach(interpreter)
+        if workspace is not None and workspace.is_dir():
+            reach.append(os.path.realpath(workspace))
     limits = _Limits(memory_limit_bytes, max_processes)
 
     class RunPythonArgs(BaseModel):

@@ -71,9 +71,12 @@ _MS_NOSUID = 0x2
 _MS_NODEV = 0x4
 _MS_NOEXEC = 0x8
 _MS_REMOUNT = 0x20
+_MS_NOATIME = 0x400
+_MS_NODIRATIME = 0x800
 _MS_BIND = 0x1000
 _MS_REC = 0x4000
 _MS_PRIVATE = 0x40000
+_MS_RELATIME = 0x200000
 
 TMPFS_FOLDERS = {"tmp": "/tmp", "var-tmp": "/var/tmp", "shm": "/dev/shm"}
 """Folders of the call's tmpfs and where the snippet sees them."""
@@ -205,8 +208,9 @@ class Config:
     ``call_dir`` is where the supervisor mounts the call's tmpfs."""
     call_dir: str | None = None
     reach: list[str] = field(default_factory=list)
-    """Folders (the interpreter's) the snippet's uid must reach in its mount namespace, even
-    below a folder closed to it: there, each closed folder above them is covered by an
+    """Folders (the interpreter's, the workspace) the snippet must reach, read-only, at
+    their own paths in its mount namespace, even below a folder closed to its uid or
+    inside its private ``/tmp``: there, each closed folder above them is covered by an
     empty tmpfs and they are bind-mounted back, read-only."""
     parent: int | None = None
     """The pid of the worker process that started this supervisor."""
@@ -352,7 +356,11 @@ def _open_path_to(path: str) -> None:
 
 def _bind_read_only(source: str, target: str) -> None:
     mount(source, target, None, _MS_BIND | _MS_REC)
-    kept = os.statvfs(target).f_flag & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    # A remount must keep the flags a user namespace may not change (nosuid, nodev,
+    # noexec, atime); statvfs's ST_* values are MS_* but for relatime.
+    have = os.statvfs(target).f_flag
+    kept = have & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_NOATIME | _MS_NODIRATIME)
+    kept |= _MS_RELATIME if have & os.ST_RELATIME else 0
     mount("none", target, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | kept)
 
 
