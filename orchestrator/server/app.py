@@ -41,6 +41,7 @@ from orchestrator.server.graphs import Graphs, GraphSource, ProjectSource
 from orchestrator.server.guard import Guard
 from orchestrator.server.keys import Keys
 from orchestrator.server.projects import ProjectGraph
+from orchestrator.server.quota import StorageQuota
 from orchestrator.server.routes import (
     assistant_edits,
     assistant_graphs,
@@ -93,9 +94,10 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with _services(settings, replica, graphs) as svc:
-            auth.bind(await tenant_key(svc.redis, Keys(settings.key_prefix)))
+            key = await tenant_key(svc.redis, Keys(settings.key_prefix))
+            auth.bind(key)
             app.state.services = svc
-            metrics.attach(app, svc)
+            metrics.attach(app, svc, label_key=key)
             log.info(
                 "toolfleet service up: replica %s, redis %s, checkpointer %s, %s",
                 replica,
@@ -169,8 +171,16 @@ async def _services(
         else:
             sources = [ProjectSource(graph, checkpointer, graph_store) for graph in project]
         graphs = Graphs(sources)
-        assistants = AssistantStore(strings, keys, graphs)
-        store = Store(strings, keys, settings.run_ttl, settings.thread_ttl)
+        quota = StorageQuota(strings, keys, settings.tenant_max_bytes, settings.thread_ttl)
+        assistants = AssistantStore(
+            strings,
+            keys,
+            graphs,
+            ttl=settings.thread_ttl,
+            max_versions=settings.assistant_max_versions,
+            quota=quota,
+        )
+        store = Store(strings, keys, settings.run_ttl, settings.thread_ttl, quota)
         relay = EventRelay(relay_client, raw, keys, replica)
         manager = RunManager(
             client=strings,

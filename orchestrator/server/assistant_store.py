@@ -7,10 +7,15 @@ the same for every tenant and never changed through the API. A tenant creates mo
 (``POST /assistants/{id}/latest``). A run started with an assistant runs its graph with
 the assistant's config and context beneath the run's own.
 
-In Redis: one hash per assistant (its current document and its last version's number),
-one hash of its versions, and the tenant's index of assistants by creation time. A
-change reads and writes under ``WATCH``: two concurrent changes never share a version
-number, and neither is lost.
+In Redis: one hash per assistant (its current document, its last version's number and
+the bytes it keeps), one hash of its versions, and the tenant's index of assistants by
+creation time. A change reads and writes under ``WATCH``: two concurrent changes never
+share a version number, and neither is lost.
+
+As threads do, a tenant's assistants expire: ``TOOLFLEET_THREAD_TTL`` seconds after they
+were last used (read, run or changed). Each keeps its ``TOOLFLEET_ASSISTANT_MAX_VERSIONS``
+most recent versions (a new one past that drops the oldest), and counts with them
+against its tenant's storage quota (:mod:`orchestrator.server.quota`).
 """
 
 from __future__ import annotations
@@ -26,18 +31,24 @@ from orchestrator.server.encoding import dumps, loads
 from orchestrator.server.errors import Conflict, NotFound, RequestRefused
 from orchestrator.server.graphs import Graphs, GraphSource
 from orchestrator.server.keys import Keys
+from orchestrator.server.quota import StorageQuota, assistant_field, size_of
 from orchestrator.server.records import now_iso
 from orchestrator.server.schemas import AssistantCreate, AssistantPatch
 from orchestrator.server.tenancy import thread_key
 
 _CREATE = """
--- KEYS: assistant hash, versions hash, the tenant's index. ARGV: id, score, doc, version.
+-- KEYS: assistant hash, versions hash, the tenant's index.
+-- ARGV: id, score, doc, version, ttl, bytes.
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'last', 1)
+redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'last', 1, 'bytes', ARGV[6])
 redis.call('HSET', KEYS[2], '1', ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 return 1
 """
+
+DEFAULT_TTL = 2_592_000
+"""Seconds an unused assistant is kept when no TTL is given (the thread TTL's default)."""
 
 _VERSION_FIELDS = (
     "assistant_id",
@@ -63,12 +74,27 @@ class AssistantStore:
         client: A ``redis.asyncio`` client created with ``decode_responses=True``.
         keys: Key names of the deployment.
         graphs: The graphs the server runs.
+        ttl: Seconds a tenant's assistant is kept after its last use.
+        max_versions: Versions kept per assistant.
+        quota: Counts each assistant and its versions against its tenant's storage quota.
     """
 
-    def __init__(self, client: aioredis.Redis, keys: Keys, graphs: Graphs) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        keys: Keys,
+        graphs: Graphs,
+        *,
+        ttl: int = DEFAULT_TTL,
+        max_versions: int = 20,
+        quota: StorageQuota | None = None,
+    ) -> None:
         self._r: Any = client
         self._keys = keys
         self._graphs = graphs
+        self._ttl = ttl
+        self._max_versions = max_versions
+        self._quota = quota
         self.graphs = graphs
         """The graphs the server runs."""
         self._create = client.register_script(_CREATE)
@@ -95,6 +121,7 @@ class AssistantStore:
         raw = await self._r.hget(self._key(tenant, assistant_id), "doc")
         if raw is None:
             raise NotFound(f"assistant {assistant_id!r} not found")
+        await self._touch(tenant, assistant_id)
         doc: dict[str, Any] = loads(raw)
         return self._graph(doc["graph_id"]), doc
 
@@ -108,6 +135,9 @@ class AssistantStore:
                     pipe.hget(self._key(tenant, assistant_id), "doc")
                 docs = await pipe.execute()
             found += [loads(doc) for doc in docs if doc is not None]
+            gone = [i for i, doc in zip(ids, docs, strict=True) if doc is None]
+            if gone:  # expired: their entries leave the index
+                await self._r.zrem(self._keys.assistants(tenant), *gone)
         return found
 
     async def versions(
@@ -125,6 +155,7 @@ class AssistantStore:
             raw = await self._r.hgetall(self._versions_key(tenant, assistant_id))
             if not raw:
                 raise NotFound(f"assistant {assistant_id!r} not found")
+            await self._touch(tenant, assistant_id)
             every = [loads(v) for v in raw.values()]
         wanted = [v for v in every if all(v["metadata"].get(k) == x for k, x in metadata.items())]
         wanted.sort(key=lambda v: int(v["version"]), reverse=True)
@@ -139,6 +170,7 @@ class AssistantStore:
             NotFound: the server runs no graph ``body.graph_id``.
             Conflict: the id is taken (the server's own assistants' ids and graph ids
                 included), and ``if_exists`` is ``raise``.
+            QuotaExceeded: it would take the tenant past its storage quota.
         """
         self._graph(body.graph_id)
         assistant_id = body.assistant_id or str(uuid.uuid4())
@@ -159,9 +191,13 @@ class AssistantStore:
         }
         doc = {**version, "updated_at": stamp}
         key = self._key(tenant, assistant_id)
+        doc_text, version_text = _text(doc), _text(version)
+        size = size_of(doc_text, version_text)
+        if self._quota is not None and not await self._r.exists(key):
+            await self._quota.charge(tenant, assistant_field(assistant_id), size)
         created = await self._create(
             keys=[key, self._versions_key(tenant, assistant_id), self._keys.assistants(tenant)],
-            args=[assistant_id, time.time(), _text(doc), _text(version)],
+            args=[assistant_id, time.time(), doc_text, version_text, self._ttl, size],
         )
         if created:
             return doc
@@ -238,19 +274,27 @@ class AssistantStore:
             deleted, *_ = await pipe.execute()
         if not deleted:
             raise NotFound(f"assistant {assistant_id!r} not found")
+        if self._quota is not None:
+            await self._quota.release(tenant, assistant_field(assistant_id))
 
     async def _change(
         self, tenant: str, assistant_id: str, change: Any, *, new: bool = True
     ) -> dict[str, Any]:
         """Apply ``change(current, next number)`` under ``WATCH``: a new version (``new``)
-        or an existing one, made current."""
+        or an existing one, made current. A new version past the versions kept drops the
+        oldest; the assistant's bytes are counted before anything is written.
+
+        Raises:
+            NotFound: no such assistant.
+            QuotaExceeded: the change would take the tenant past its storage quota.
+        """
         key = self._key(tenant, assistant_id)
         versions = self._versions_key(tenant, assistant_id)
         async with self._r.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    await pipe.watch(key)
-                    raw, last = await pipe.hmget(key, ["doc", "last"])
+                    await pipe.watch(key, versions)
+                    raw, last, kept = await pipe.hmget(key, ["doc", "last", "bytes"])
                     if raw is None:
                         raise NotFound(f"assistant {assistant_id!r} not found")
                     current = loads(raw)
@@ -261,17 +305,42 @@ class AssistantStore:
                         "created_at": current["created_at"],
                         "updated_at": now_iso(),
                     }
+                    doc_text, version_text = _text(doc), _text(version)
+                    held = await pipe.hgetall(versions) if kept is None or new else {}
+                    size = size_of(raw) + sum(size_of(v) for v in held.values())
+                    size = int(kept) if kept is not None else size
+                    size += size_of(doc_text) - size_of(raw)
+                    dropped: list[str] = []
+                    if new:
+                        size += size_of(version_text)
+                        oldest = number - self._max_versions  # and any before it
+                        dropped = [n for n in held if int(n) <= oldest]
+                        size -= sum(size_of(held[n]) for n in dropped)
+                    if self._quota is not None:
+                        await self._quota.charge(tenant, assistant_field(assistant_id), size)
                     pipe.multi()
-                    pipe.hset(key, "doc", _text(doc))
+                    pipe.hset(key, mapping={"doc": doc_text, "bytes": size})
                     if new:
                         pipe.hset(key, "last", number)
-                        pipe.hset(versions, str(number), _text(version))
+                        pipe.hset(versions, str(number), version_text)
+                        if dropped:
+                            pipe.hdel(versions, *dropped)
+                    for name in (key, versions, self._keys.assistants(tenant)):
+                        pipe.expire(name, self._ttl)
                     await pipe.execute()
                     return doc
                 except WatchError:
                     continue
 
     # -- helpers ------------------------------------------------------------------------
+
+    async def _touch(self, tenant: str, assistant_id: str) -> None:
+        """Restart the expiry of the tenant's assistant (it is in use) and its index."""
+        async with self._r.pipeline(transaction=False) as pipe:
+            pipe.expire(self._key(tenant, assistant_id), self._ttl)
+            pipe.expire(self._versions_key(tenant, assistant_id), self._ttl)
+            pipe.expire(self._keys.assistants(tenant), self._ttl)
+            await pipe.execute()
 
     def _graph(self, graph_id: str) -> GraphSource:
         for source in self._graphs.sources:

@@ -10,6 +10,7 @@ and thread metadata, the per-run event logs and the cancel channel live there, u
     server:assistant:<key>        hash   a tenant's assistant (its document, its last version)
     server:assistant-versions:<key> hash its versions, by number
     server:assistants:<tenant>    zset   the tenant's assistant ids by creation time
+    server:usage:<tenant>         hash   the bytes the tenant keeps, per item and in all
     server:thread-runs:<key>      zset   the thread's run ids by creation time
     server:thread-lock:<key>      string id of the run that holds the thread (TTL, renewed)
     server:thread-queue:<key>     list   runs waiting for the thread (multitask "enqueue")
@@ -68,6 +69,10 @@ class Keys:
     def assistants(self, tenant: str) -> str:
         """Sorted set of the tenant's assistant ids by creation time."""
         return f"{self.base}assistants:{tenant}"
+
+    def usage(self, tenant: str) -> str:
+        """Hash of the bytes the tenant keeps through the API (its storage quota)."""
+        return f"{self.base}usage:{tenant}"
 
     def thread_runs(self, thread_id: str) -> str:
         """Sorted set of a thread's run ids by creation time."""

@@ -48,7 +48,8 @@ RUN_START = {**NOT_FOUND, **CONFLICT, **AT_CAPACITY}
 
 _GUARD = {
     "401": "Missing or invalid API token",
-    "413": "Request body over TOOLFLEET_MAX_BODY_BYTES",
+    "413": "Request body over TOOLFLEET_MAX_BODY_BYTES, or a write past the tenant's "
+    "storage quota (TOOLFLEET_TENANT_MAX_BYTES)",
     "414": "URL too long",
     "431": "Headers too large",
     "503": "Redis unavailable or busy past TOOLFLEET_REDIS_POOL_TIMEOUT",

@@ -29,6 +29,7 @@ import redis.asyncio as aioredis
 
 from orchestrator.server.encoding import dumps, loads
 from orchestrator.server.keys import Keys
+from orchestrator.server.quota import StorageQuota, run_field, size_of, state_field, thread_field
 from orchestrator.server.records import RunRecord, ThreadRecord, now_iso
 from orchestrator.server.tenancy import split_thread_key, thread_key
 from orchestrator.server.threadline import ThreadLine
@@ -58,11 +59,21 @@ class Store(ThreadLine):
         keys: Key names of the deployment.
         run_ttl: Seconds a run's record is kept after it was created, and after it finished.
         thread_ttl: Seconds a thread's records are kept after its last change.
+        quota: Counts each tenant's thread and run records against its storage quota
+            (``None``: nothing is counted).
     """
 
-    def __init__(self, client: aioredis.Redis, keys: Keys, run_ttl: int, thread_ttl: int) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        keys: Keys,
+        run_ttl: int,
+        thread_ttl: int,
+        quota: StorageQuota | None = None,
+    ) -> None:
         self._r: Any = client  # redis-py's stubs type replies as bytes | str
         self._keys = keys
+        self.quota = quota
         self._run_ttl = run_ttl
         self._thread_ttl = thread_ttl
         self._create_thread = client.register_script(_CREATE_THREAD)
@@ -74,12 +85,18 @@ class Store(ThreadLine):
         self, tenant: str, thread_id: str, metadata: dict[str, Any]
     ) -> tuple[ThreadRecord, bool]:
         """Create the tenant's thread unless it exists; returns its record and whether it
-        is new. The record and its index entry are written in one step, or not at all."""
+        is new. The record and its index entry are written in one step, or not at all.
+
+        Raises:
+            QuotaExceeded: a new thread would take the tenant past its storage quota.
+        """
         stamp = now_iso()
         record = ThreadRecord(
             thread_id, stamp, stamp, dict(metadata), tenant=tenant, state_updated_at=stamp
         )
         fields = _thread_fields(record)  # serialised first: nothing is written if it fails
+        if self.quota is not None and not await self._r.exists(self._keys.thread(record.key)):
+            await self.quota.charge(tenant, thread_field(thread_id), _record_size(fields))
         created = await self._create_thread(
             keys=[
                 self._keys.thread(record.key),
@@ -127,6 +144,7 @@ class Store(ThreadLine):
             "metadata": dumps(record.metadata).decode(),
             "config": dumps(record.config).decode(),
         }
+        await self._charge_thread(record)
         async with self._r.pipeline(transaction=True) as pipe:
             pipe.hset(self._keys.thread(record.key), mapping=fields)
             self._touch(pipe, record.key)
@@ -137,6 +155,7 @@ class Store(ThreadLine):
         record.metadata.update(metadata)
         record.updated_at = now_iso()
         fields = {"metadata": dumps(record.metadata).decode(), "updated_at": record.updated_at}
+        await self._charge_thread(record)
         key = self._keys.thread(record.key)
         async with self._r.pipeline(transaction=True) as pipe:
             pipe.exists(key)
@@ -176,6 +195,19 @@ class Store(ThreadLine):
             for run_id in [] if keep_runs else run_ids:
                 pipe.delete(self._keys.run(run_id), self._keys.events(run_id))
             await pipe.execute()
+        if self.quota is not None:
+            runs = [] if keep_runs else [run_field(r) for r in run_ids]
+            await self.quota.release(tenant, thread_field(thread_id), state_field(thread_id), *runs)
+
+    async def _charge_thread(self, record: ThreadRecord) -> None:
+        """Count the thread's record as it is about to be written.
+
+        Raises:
+            QuotaExceeded: it grows past the tenant's storage quota.
+        """
+        if self.quota is not None:
+            size = _record_size(_thread_fields(record))
+            await self.quota.charge(record.tenant, thread_field(record.thread_id), size)
 
     async def search_threads(
         self,
@@ -267,9 +299,16 @@ class Store(ThreadLine):
     # -- runs ---------------------------------------------------------------------------------
 
     async def put_run(self, run: RunRecord) -> None:
-        """Store a new run and list it under its thread."""
+        """Store a new run and list it under its thread.
+
+        Raises:
+            QuotaExceeded: its record would take the tenant past its storage quota.
+        """
+        fields = _run_fields(run)
+        if self.quota is not None:
+            await self.quota.charge(run.tenant, run_field(run.run_id), _record_size(fields))
         async with self._r.pipeline(transaction=True) as pipe:
-            pipe.hset(self._keys.run(run.run_id), mapping=_run_fields(run))
+            pipe.hset(self._keys.run(run.run_id), mapping=fields)
             pipe.expire(self._keys.run(run.run_id), self._run_ttl)
             pipe.zadd(self._keys.thread_runs(run.thread_key), {run.run_id: time.time()})
             self._touch(pipe, run.thread_key)
@@ -343,6 +382,8 @@ class Store(ThreadLine):
             pipe.delete(self._keys.run(run.run_id), self._keys.events(run.run_id))
             pipe.zrem(self._keys.thread_runs(run.thread_key), run.run_id)
             await pipe.execute()
+        if self.quota is not None:
+            await self.quota.release(run.tenant, run_field(run.run_id))
 
     def _touch(self, pipe: Any, thread: str, *, updated: bool = False) -> None:
         """Restart the expiry of the thread's records: it changed (``updated``: its
@@ -357,6 +398,11 @@ class Store(ThreadLine):
             self._keys.threads_updated(tenant),
         ):
             pipe.expire(key, self._thread_ttl)
+
+
+def _record_size(fields: dict[str, str]) -> int:
+    """Bytes a record's fields take (names and values; Redis's overhead aside)."""
+    return size_of(*fields.keys(), *fields.values())
 
 
 def _thread_fields(record: ThreadRecord) -> dict[str, str]:

@@ -306,6 +306,12 @@ class Settings(BaseSettings):
     """Tool calls of one tenant's runs in flight at once on one replica; more wait their
     turn. Default 4 (at most ``max_calls``): keep it at or below the worker slots the
     tenants share, so another tenant's call waits for at most one call of this one's."""
+    tenant_max_bytes: int = Field(default=33_554_432, gt=0)
+    """Bytes one tenant may keep through the API: thread records (metadata, config),
+    state values written with ``threads.update_state``, run requests, store items,
+    assistants and their versions; a write past it is refused with 413."""
+    assistant_max_versions: int = Field(default=20, gt=0)
+    """Versions kept per assistant: a new version past it drops the oldest."""
     # -- the HTTP service under abuse (toolfleet serve) ------------------------------------
     http_header_timeout: float = Field(default=10.0, gt=0)
     """Seconds a client of the HTTP service has to send a request's head (request line and

@@ -16,6 +16,17 @@ tokens); it shows counts and timings, never a run's content. Series::
     toolfleet_tool_waiting_calls{tool}    per tool (its tool queues)
     toolfleet_worker_kind_waiting_calls{kind}  in the queues a kind of worker consumes
                                           (node name before ``@``): what to scale it on
+    toolfleet_server_calls_max            TOOLFLEET_MAX_CALLS
+    toolfleet_server_tenant_calls_max     TOOLFLEET_TENANT_MAX_CALLS
+    toolfleet_server_tenant_calls_in_flight{tenant_hash}  a tenant's tool calls in flight
+    toolfleet_server_tenant_calls_waiting{tenant_hash}    a tenant's calls waiting their turn
+    toolfleet_server_tenant_storage_max_bytes             TOOLFLEET_TENANT_MAX_BYTES
+    toolfleet_server_tenant_storage_bytes{tenant_hash}    the bytes a tenant keeps (as this
+                                          replica last counted them)
+
+``tenant_hash`` never names a tenant: it is the first 12 hex digits of an HMAC-SHA256 of
+the tenant id under the deployment's tenant key (:func:`tenant_hash`), so a scrape tells
+tenants apart without saying who they are (or giving away a bare token's tenant id).
 
 The waiting calls are read from the broker at most every :data:`WAITING_SECONDS`
 (``LLEN`` pipeline on Redis, passive declares on RabbitMQ), whichever replica scrapes.
@@ -23,6 +34,8 @@ The waiting calls are read from the broker at most every :data:`WAITING_SECONDS`
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import threading
 import time
@@ -34,6 +47,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
+from orchestrator import fairshare
 from orchestrator.cli.status import Waiting, read_waiting
 from orchestrator.dispatch.timings import CallTimings
 from orchestrator.server.services import Services
@@ -49,7 +63,7 @@ BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 1
 class ServerMetrics:
     """The replica's registry: gauges read at scrape time, histograms fed by the dispatcher."""
 
-    def __init__(self, svc: Services) -> None:
+    def __init__(self, svc: Services, label_key: bytes = b"") -> None:
         self.svc = svc
         self.registry = CollectorRegistry(auto_describe=False)
         self.dispatch_to_start = Histogram(
@@ -67,6 +81,7 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.registry.register(_Gauges(svc))
+        self.registry.register(_TenantGauges(svc, label_key))
         self.timings = CallTimings(
             on_start=lambda tool, s: self.dispatch_to_start.labels(tool).observe(s),
             on_result=lambda tool, s: self.result_wait.labels(tool).observe(s),
@@ -137,13 +152,77 @@ class _Gauges:
             yield family
 
 
+def tenant_hash(label_key: bytes, tenant: str) -> str:
+    """The ``tenant_hash`` label of a tenant's series: 12 hex digits of an HMAC-SHA256 of
+    its id under the deployment's tenant key (an operator with the key can work it out
+    for a tenant; a scrape alone says nothing of who it is)."""
+    return hmac.new(label_key, f"metrics\x1f{tenant}".encode(), hashlib.sha256).hexdigest()[:12]
+
+
+MAX_TENANT_SERIES = 1000
+"""Most tenants one scrape shows a series for (the busiest first)."""
+
+
+class _TenantGauges:
+    """Per-tenant shares and storage, each tenant under its hash, never its id."""
+
+    def __init__(self, svc: Services, label_key: bytes) -> None:
+        self._svc = svc
+        self._key = label_key
+
+    def collect(self) -> Iterator[Metric]:
+        gate = fairshare.installed()
+        # (a stand-in of the services, as the dashboard's test builds, may have no store)
+        quota = getattr(getattr(self._svc, "store", None), "quota", None)
+        if gate is not None:
+            yield _gauge(
+                "toolfleet_server_calls_max",
+                "Tool calls this replica's runs have in flight at most.",
+                gate.total,
+            )
+            yield _gauge(
+                "toolfleet_server_tenant_calls_max",
+                "Tool calls of one tenant in flight at most on this replica.",
+                gate.per_tenant,
+            )
+            yield self._family(
+                "toolfleet_server_tenant_calls_in_flight",
+                "Tool calls of a tenant in flight on this replica.",
+                gate.in_flight(),
+            )
+            yield self._family(
+                "toolfleet_server_tenant_calls_waiting",
+                "Tool calls of a tenant waiting for their turn on this replica.",
+                gate.waiting(),
+            )
+        if quota is not None:
+            yield _gauge(
+                "toolfleet_server_tenant_storage_max_bytes",
+                "Bytes one tenant may keep through the API (TOOLFLEET_TENANT_MAX_BYTES).",
+                quota.max_bytes,
+            )
+            yield self._family(
+                "toolfleet_server_tenant_storage_bytes",
+                "Bytes a tenant keeps through the API, as this replica last counted them.",
+                dict(quota.seen),
+            )
+
+    def _family(self, name: str, documentation: str, values: dict[str, int]) -> Metric:
+        family = GaugeMetricFamily(name, documentation, labels=["tenant_hash"])
+        busiest = sorted(values.items(), key=lambda kv: -kv[1])[:MAX_TENANT_SERIES]
+        for tenant, value in busiest:
+            family.add_metric([tenant_hash(self._key, tenant)], value)
+        return family
+
+
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=value)
 
 
-def attach(app: FastAPI, svc: Services) -> ServerMetrics:
-    """Build the replica's metrics over ``svc`` and time the dispatcher's calls."""
-    metrics = ServerMetrics(svc)
+def attach(app: FastAPI, svc: Services, label_key: bytes = b"") -> ServerMetrics:
+    """Build the replica's metrics over ``svc`` and time the dispatcher's calls
+    (``label_key``: the key tenants' labels are hashed with)."""
+    metrics = ServerMetrics(svc, label_key)
     svc.dispatcher.timings = metrics.timings
     app.state.metrics = metrics
     return metrics

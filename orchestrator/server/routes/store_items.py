@@ -18,7 +18,9 @@ from langgraph.store.base import Item
 from pydantic import Field, StringConstraints
 from pydantic.json_schema import SkipJsonSchema
 
+from orchestrator.server.encoding import dumps
 from orchestrator.server.errors import Unsupported
+from orchestrator.server.quota import item_field, size_of
 from orchestrator.server.schemas import ID_MAX_CHARS, JsonObject, RequestBody
 from orchestrator.server.services import Svc, Tenant, json_response
 
@@ -104,13 +106,11 @@ async def put_item(svc: Svc, tenant: Tenant, body: ItemPut) -> Response:
     """Store the item (replacing one of the same namespace and key)."""
     if body.ttl is not None and not svc.graph_store.supports_ttl:
         raise Unsupported("this server's store does not expire items: leave out ttl")
-    await svc.graph_store.aput(
-        (tenant_label(tenant), *body.namespace),
-        body.key,
-        body.value,
-        index=body.index,
-        ttl=body.ttl,
-    )
+    namespace = (tenant_label(tenant), *body.namespace)
+    if svc.store.quota is not None:  # counted before it is written (413 past the quota)
+        size = size_of(dumps(body.value), body.key, *body.namespace, *(body.index or ()))
+        await svc.store.quota.charge(tenant, item_field(namespace, body.key), size)
+    await svc.graph_store.aput(namespace, body.key, body.value, index=body.index, ttl=body.ttl)
     return Response(status_code=204)
 
 
@@ -134,7 +134,10 @@ async def get_item(
 @router.delete("/items", status_code=204)
 async def delete_item(svc: Svc, tenant: Tenant, body: ItemRef) -> Response:
     """Delete the item (nothing to delete is fine)."""
-    await svc.graph_store.adelete((tenant_label(tenant), *body.namespace), body.key)
+    namespace = (tenant_label(tenant), *body.namespace)
+    await svc.graph_store.adelete(namespace, body.key)
+    if svc.store.quota is not None:
+        await svc.store.quota.release(tenant, item_field(namespace, body.key))
     return Response(status_code=204)
 
 

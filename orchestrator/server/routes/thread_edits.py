@@ -15,8 +15,10 @@ from typing import Any
 from fastapi import APIRouter, Response
 
 from orchestrator.server.checkpoints import copy_checkpoints
+from orchestrator.server.encoding import dumps
 from orchestrator.server.errors import Conflict, RequestRefused
 from orchestrator.server.openapi import CONFLICT, NOT_FOUND, ErrorBody
+from orchestrator.server.quota import QuotaExceeded, size_of, state_field
 from orchestrator.server.responses import Thread, ThreadUpdated
 from orchestrator.server.routes.threads import existing_thread, thread_values
 from orchestrator.server.runconfig import thread_config
@@ -59,6 +61,15 @@ async def copy_thread(svc: Svc, tenant: Tenant, thread_id: ThreadId) -> Response
     copy, created = await svc.store.create_thread(tenant, str(uuid.uuid4()), original.metadata)
     if not created:  # a random UUID taken: not to be papered over
         raise Conflict("the new thread's id is taken; retry")
+    quota = svc.store.quota
+    if quota is not None:  # the state written to the original through the API is copied
+        copied = await quota.size(tenant, state_field(original.thread_id))
+        if copied:
+            try:
+                await quota.charge(tenant, state_field(copy.thread_id), copied)
+            except QuotaExceeded:
+                await svc.store.delete_thread(copy.key)
+                raise
     await copy_checkpoints(svc.checkpointer, original.key, copy.key)
     return json_response(copy.to_api(values=await thread_values(svc, copy)))
 
@@ -90,6 +101,9 @@ async def update_state(
     config["configurable"].setdefault("checkpoint_ns", "")
     # The new checkpoint's metadata names its graph, as LangGraph's server's does.
     config["configurable"]["graph_id"] = source.graph_id
+    if svc.store.quota is not None:  # every edit is a checkpoint more: its bytes add up
+        size = size_of(dumps(body.values), body.as_node or "")
+        await svc.store.quota.charge(tenant, state_field(thread_id), size, add=True)
     graph = await source.for_thread(record.key)
     written = await graph.aupdate_state(config, body.values, as_node=body.as_node)
     snapshot = await graph.aget_state(thread_config(record.key))
