@@ -253,6 +253,7 @@ class RunManager(RunLookup):
     ) -> None:
         status, error, held = "error", None, admitted
         renewer: asyncio.Task[None] | None = None
+        graph: Any = None
         try:
             self._started.add(run.run_id)
             if held:
@@ -282,11 +283,33 @@ class RunManager(RunLookup):
         except Exception as exc:
             log.exception("run %s failed", run.run_id)
             error = {"error": type(exc).__name__, "message": str(exc)}
+            if graph is not None:
+                await self._keep_readable(graph, run)
         finally:
             if renewer is not None:
                 renewer.cancel()
             # Shielded: a second cancellation (shutdown) must not leave the thread held.
             await asyncio.shield(self._finish(run, body, status, error, held, temporary))
+
+    async def _keep_readable(self, graph: Any, run: RunRecord) -> None:
+        """After a failed run: a thread whose latest state no longer reads (the run's input
+        was written but cannot be applied, e.g. a message of an unknown role) loses that
+        run's checkpoints, so the thread keeps its last good state, as LangGraph's server
+        shows it; the error stays on the run. Reading the thread or searching the
+        tenant's threads never fails because of one failed run."""
+        try:
+            await graph.aget_state(thread_config(run.thread_key))
+        except Exception as exc:
+            log.warning(
+                "run %s left thread %s unreadable (%s); its checkpoints are dropped",
+                run.run_id,
+                run.thread_id,
+                type(exc).__name__,
+            )
+            try:
+                await delete_run_checkpoints(self._checkpointer, run.thread_key, run.run_id)
+            except Exception:
+                log.exception("could not drop the checkpoints of failed run %s", run.run_id)
 
     async def _finish(
         self,

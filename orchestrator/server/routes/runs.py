@@ -37,6 +37,10 @@ _SSE: dict[int | str, dict[str, Any]] = {
 # -- starting runs ----------------------------------------------------------------------
 
 
+FROM_THE_START = "-1"
+"""The ``Last-Event-ID`` a client sends to replay a stream from its start."""
+
+
 @router.post("/threads/{thread_id}/runs", response_model=Run, responses=RUN_START)
 async def create_run(svc: Svc, tenant: Tenant, thread_id: NewThreadId, body: RunCreate) -> Any:
     """Start a background run on the thread."""
@@ -153,10 +157,14 @@ async def join_stream(
     the modes the run was started with, or those of ``stream_mode``. Only a stream from the
     start opens with ``metadata``.
 
-    A ``Last-Event-ID`` that is not an event id of this server (``<ms>-<seq>``, ASCII
+    ``Last-Event-ID: -1`` asks for the whole run again, as from the start (what
+    langgraph-sdk's ``useStream`` sends to rejoin a run after a page reload). Any other
+    ``Last-Event-ID`` that is not an event id of this server (``<ms>-<seq>``, ASCII
     digits, each part below 2**64) is a 422: resuming from the start instead would
     replay parts the client already has.
     """
+    if last_event_id == FROM_THE_START:
+        last_event_id = None
     run = await svc.runs.get_run(tenant, thread_id, run_id)
     after = last_event_id or "0-0"
     try:
