@@ -6,6 +6,9 @@ tool a worker runs) could otherwise read a toolfleet process's ``/proc/<pid>/env
 ptrace it. Every toolfleet process marks itself non-dumpable at start (workers, ``toolfleet
 serve`` and every other ``toolfleet`` command), and files holding users' data
 (checkpoints) are created readable by their owner alone.
+
+(run_python's supervisor sets the same mark with its own few lines: it runs as a program
+on an interpreter that may have nothing of toolfleet installed.)
 """
 
 from __future__ import annotations

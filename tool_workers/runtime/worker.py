@@ -23,7 +23,6 @@ from celery.concurrency.prefork import TaskPool as PreforkPool
 from pydantic import ValidationError
 
 from tool_workers.builtin.sandbox import sandbox_isolation
-from tool_workers.builtin.supervisor import make_undumpable
 from tool_workers.celery_ext.drain import install as install_hand_back
 from tool_workers.celery_ext.event_loop import LimitWatchdog, spare_storing_calls
 from tool_workers.celery_ext.hand_on import HandOn
@@ -39,6 +38,7 @@ from tool_workers.contract.logs import install_formatters, settings_fields
 from tool_workers.contract.models import ToolSpec
 from tool_workers.contract.names import tool_queue
 from tool_workers.contract.placeholders import refuse_placeholders
+from tool_workers.contract.process import make_undumpable
 from tool_workers.contract.settings import Settings, settings_error
 from tool_workers.observability import metrics, tracing
 from tool_workers.runtime.loader import load_tools
