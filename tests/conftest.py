@@ -102,8 +102,9 @@ def amqp_url() -> Iterator[str]:
         delete_namespace(url, namespace, TEST_QUEUES)
 
 
-ROOT_MODULES = ("test_net_", "test_netns_")
-"""Test modules whose every test needs root: hosts in network namespaces, nftables."""
+ROOT_MODULES = ("test_net_", "test_netns_", "test_sandbox.py")
+"""Test modules whose every test needs root: hosts in network namespaces and nftables;
+run_python workers as root and as another user (the test switches users)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

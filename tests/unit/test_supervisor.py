@@ -211,6 +211,7 @@ def test_given_rlimits_when_snippet_starts_then_address_space_and_core_are_limit
 
 
 @pytest.mark.parametrize("undumpable", [False, True])
+@pytest.mark.root
 def test_given_same_user_process_when_it_reads_environ_then_only_a_dumpable_one_is_readable(
     undumpable: bool,
 ) -> None:
