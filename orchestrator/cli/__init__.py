@@ -191,6 +191,7 @@ def serve(
     from tool_workers.contract.errors import ConfigError
 
     try:
+        from orchestrator.server.app import check_settings
         from orchestrator.server.app import serve as serve_forever
     except ImportError as exc:
         typer.echo(f"error: {exc}; install the server extra: pip install 'toolfleet[server]'")
@@ -209,6 +210,7 @@ def serve(
         settings = Settings()
         configure_logging(settings)
         graphs = project.load() if project is not None else None
+        check_settings(settings, no_auth=no_auth)  # before connecting anywhere
         with setup_errors(settings.own_redis_url):
             # Redis down is said in a line, before uvicorn would print its traceback.
             probe = redis_client(settings.own_redis_url, settings, socket_connect_timeout=2.0)

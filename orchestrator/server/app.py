@@ -289,6 +289,21 @@ def short_paths(record: logging.LogRecord) -> bool:
     return True
 
 
+def check_settings(settings: Settings, *, no_auth: bool = False) -> None:
+    """Refuse settings the service must not start with, before it connects anywhere.
+
+    Raises:
+        ConfigError: no API tokens are configured and ``no_auth`` is not set, or a
+            password or token is a placeholder (``change-me``).
+    """
+    if not settings.api_tokens and not no_auth:
+        raise ConfigError(
+            "no API tokens: set TOOLFLEET_API_TOKENS (comma-separated), or pass --no-auth "
+            "to serve without authentication"
+        )
+    refuse_placeholders(settings)
+
+
 def serve(
     settings: Settings,
     *,
@@ -313,12 +328,7 @@ def serve(
     import uvicorn
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    if not settings.api_tokens and not no_auth:
-        raise ConfigError(
-            "no API tokens: set TOOLFLEET_API_TOKENS (comma-separated), or pass --no-auth "
-            "to serve without authentication"
-        )
-    refuse_placeholders(settings)
+    check_settings(settings, no_auth=no_auth)
     for name in ("uvicorn.error", "uvicorn.access"):  # startup line and one line a request
         logging.getLogger(name).setLevel(logging.INFO)
     logging.getLogger("uvicorn.access").addFilter(short_paths)

@@ -455,7 +455,9 @@ def test_compose_deployment_runs_an_agent_and_is_observable(deployment: dict[str
     thread_ids = {line["thread_id"] for line in calls}
     for task in tasks.values():
         tool = task["name"].removeprefix("tools.")
-        match = re.fullmatch(rf"\({tool} call=(call_\w+) thread=(\S+)\)", task["args"])
+        match = re.fullmatch(
+            rf"\({tool} call=(call_\w+) thread=(\S+) queue=(\S+)\)", task["args"]
+        )
         assert match, task["args"]
         assert match.group(2) in thread_ids
         assert task["kwargs"] == "{}"
@@ -512,7 +514,7 @@ def test_compose_deployment_runs_an_agent_and_is_observable(deployment: dict[str
     # Flower's worker page asks for active tasks without safe=True: argsrepr all the same.
     active = app.control.inspect(timeout=5, limit=len(nodes)).active() or {}
     assert [t["args"] for ts in active.values() for t in ts] == [
-        "(sleep call=status-call thread=status-thread)"
+        "(sleep call=status-call thread=status-thread queue=tools)"
     ]
     status = subprocess.run(
         [str(BIN / "toolfleet"), "status", "--json"],
@@ -531,7 +533,7 @@ def test_compose_deployment_runs_an_agent_and_is_observable(deployment: dict[str
     assert {"read_file", "grep", "list_dir", "sleep"} <= set(queues["tools"]["tools"])
     assert queues["tools"]["depth"] == 0
     assert [(c["tool"], c["call"]) for c in report["in_flight"]] == [
-        ("sleep", "(sleep call=status-call thread=status-thread)")
+        ("sleep", "(sleep call=status-call thread=status-thread queue=tools)")
     ]
     dispatcher.cancel([slow], terminate=True)
 
