@@ -34,8 +34,14 @@ SEARCHES = 300
 def server(
     prefork_fleet: Settings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
+    # One tenant follows with all 300: its stream cap (TOOLFLEET_TENANT_MAX_STREAMS, 100 by
+    # default) raised past them, the load being the point here.
     process = start_server(
-        prefork_fleet, tmp_path_factory.mktemp("load"), "load", redis_pool_size=4
+        prefork_fleet,
+        tmp_path_factory.mktemp("load"),
+        "load",
+        redis_pool_size=4,
+        tenant_max_streams=FOLLOWERS + 10,
     )
     yield process
     process.stop()
