@@ -501,6 +501,7 @@ def test_given_malformed_sandbox_uids_when_tools_built_then_config_error(root: P
         get_tools(Settings(workspace_root=root, sandbox_uids="sixty-thousand"))
 
 
+@pytest.mark.root
 def test_given_sandbox_uids_when_calls_run_then_each_runs_as_a_uid_of_the_range() -> None:
     (tool,) = sandbox_tools(uids="61000-61001", python=sandbox_python())
     code = "import os; print('ids', os.getuid(), os.getgid(), os.getgroups())"

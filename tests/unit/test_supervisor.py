@@ -122,11 +122,15 @@ def test_given_tree_over_the_memory_limit_when_supervised_then_stopped_as_memory
 def test_given_tree_over_the_process_limit_when_supervised_then_stopped_as_processes(
     tmp_path: Path,
 ) -> None:
+    # Paced for the poll (every 50 ms): for a user other than root the RLIMIT_NPROC
+    # backstop (twice the limit above the user's threads) would stop a burst of forks
+    # itself, before the poll sees it.
     code = """
     import os, time
     for _ in range(10):
         if os.fork() == 0:
             time.sleep(60)
+        time.sleep(0.2)
     time.sleep(60)
     """
     report, _ = supervise(config(tmp_path, code, max_processes=4))

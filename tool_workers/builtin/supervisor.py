@@ -247,12 +247,13 @@ def measure(root: psutil.Process) -> tuple[int, int]:
 
 
 def processes_of(uid: int) -> int:
-    """How many processes the real user ``uid`` has now (``RLIMIT_NPROC`` counts them)."""
+    """How many tasks the real user ``uid`` has now: what ``RLIMIT_NPROC`` counts, which on
+    Linux is threads, not processes (a worker of a thread pool has dozens)."""
     count = 0
     for proc in psutil.process_iter():
         try:
             if proc.uids().real == uid:
-                count += 1
+                count += proc.num_threads()
         except psutil.Error:
             continue
     return count
@@ -262,9 +263,9 @@ def child_limits(config: Config) -> Callable[[], None]:
     """The rlimits (and no new privileges) the snippet starts with, applied in the child
     before exec. Counted here, where this process sees all of the user's processes."""
     uid = config.uid if config.uid is not None else os.getuid()
-    # RLIMIT_NPROC counts every process of the user (root is exempt): a backstop that
+    # RLIMIT_NPROC counts every thread of the user (root is exempt): a backstop that
     # stops a fork bomb faster than the poll can: twice the call's limit above the
-    # processes the user has now, so the poll normally sees the limit passed first.
+    # threads the user has now, so the poll normally sees the limit passed first.
     nproc = processes_of(uid) + 2 * config.max_processes if uid != 0 else None
 
     def apply() -> None:
