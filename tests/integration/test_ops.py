@@ -455,9 +455,7 @@ def test_compose_deployment_runs_an_agent_and_is_observable(deployment: dict[str
     thread_ids = {line["thread_id"] for line in calls}
     for task in tasks.values():
         tool = task["name"].removeprefix("tools.")
-        match = re.fullmatch(
-            rf"\({tool} call=(call_\w+) thread=(\S+) queue=(\S+)\)", task["args"]
-        )
+        match = re.fullmatch(rf"\({tool} call=(call_\w+) thread=(\S+) queue=(\S+)\)", task["args"])
         assert match, task["args"]
         assert match.group(2) in thread_ids
         assert task["kwargs"] == "{}"
