@@ -187,7 +187,11 @@ class Settings(BaseSettings):
     """RabbitMQ only: the type of the task queues toolfleet declares. ``quorum`` queues
     are replicated across a RabbitMQ cluster; they have no global QoS and no priorities."""
     tool_modules: Annotated[tuple[str, ...], NoDecode] = ()
-    """Comma-separated modules whose tools the worker serves; empty: the built-in toolset."""
+    """Comma-separated modules whose tools the worker serves; empty: the built-in toolset
+    (unless ``mcp_servers`` is set: then only those servers' tools)."""
+    mcp_servers: str | None = None
+    """MCP servers whose tools the worker serves: a JSON file's path, or the JSON, in the
+    ``mcpServers`` form (``command``/``args``/``env`` or ``url``/``headers`` per server)."""
     config: Path | None = None
     """Tool policy TOML; default ``config/toolfleet.toml`` when that file exists."""
     namespace: str = ""

@@ -30,12 +30,14 @@ BUILTIN_MODULE = "tool_workers.builtin"
 
 
 def load_tools(settings: Settings) -> list[BaseTool]:
-    """Import every module in ``settings.tool_modules`` (or the built-ins) and collect tools.
+    """Import every module in ``settings.tool_modules`` (or the built-ins) and collect
+    tools, and those of the MCP servers in ``settings.mcp_servers``.
 
     Raises:
         ToolLoadError: a module does not import, holds no tools, or two tools share a name.
     """
-    modules = settings.tool_modules or (BUILTIN_MODULE,)
+    # A worker for MCP servers serves their tools alone unless modules are named too.
+    modules = settings.tool_modules or (() if settings.mcp_servers else (BUILTIN_MODULE,))
     found: dict[str, tuple[str, BaseTool]] = {}
     for module_name in modules:
         for tool in tools_of_module(module_name, settings):
@@ -45,6 +47,16 @@ def load_tools(settings: Settings) -> list[BaseTool]:
                     f"and {module_name}"
                 )
             found[tool.name] = (module_name, tool)
+    if settings.mcp_servers:
+        from tool_workers.mcp.tools import mcp_tools
+
+        for tool in mcp_tools(settings, settings.policies()):
+            if tool.name in found:
+                raise ToolLoadError(
+                    f"tool name {tool.name!r} is defined in both {found[tool.name][0]} "
+                    "and an MCP server (TOOLFLEET_MCP_SERVERS)"
+                )
+            found[tool.name] = ("TOOLFLEET_MCP_SERVERS", tool)
     tools = [tool for _, tool in found.values()]
     for tool in tools:
         resolve_annotations(tool)

@@ -71,6 +71,11 @@ def _start() -> tuple[Settings, Celery, dict[str, ToolSpec], dict[str, str]]:
         install_transport()
         app = create_app(settings, policies)
         tools = load_tools(settings)
+        if settings.mcp_servers:
+            from tool_workers.mcp.tools import hinted_policies
+
+            # MCP tools' annotations stand where the policy file says nothing.
+            policies = hinted_policies(policies, tools)
         specs = register_tools(app, tools, settings, policies)
         isolation = {t.name: i for t in tools if (i := sandbox_isolation([t])) is not None}
     except ValidationError as exc:
