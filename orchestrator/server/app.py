@@ -60,6 +60,7 @@ from orchestrator.server.services import Services
 from orchestrator.server.store import Store
 from orchestrator.server.streamquota import StreamQuota
 from orchestrator.server.tenancy import call_gate, tenant_key, tenant_quota
+from orchestrator.server.webhooks import WebhookSender
 from tool_workers.contract.connections import mask_secrets, redis_connection_kwargs
 from tool_workers.contract.errors import ConfigError
 from tool_workers.contract.placeholders import refuse_placeholders
@@ -97,7 +98,9 @@ def create_app(
             key = await tenant_key(svc.redis, Keys(settings.key_prefix))
             auth.bind(key)
             app.state.services = svc
-            metrics.attach(app, svc, label_key=key)
+            registry = metrics.attach(app, svc, label_key=key).registry
+            if svc.runs.webhooks is not None:
+                registry.register(svc.runs.webhooks.deliveries)
             log.info(
                 "toolfleet service up: replica %s, redis %s, checkpointer %s, %s",
                 replica,
@@ -182,6 +185,7 @@ async def _services(
         )
         store = Store(strings, keys, settings.run_ttl, settings.thread_ttl, quota)
         relay = EventRelay(relay_client, raw, keys, replica)
+        webhooks = WebhookSender(strings, keys, settings)
         manager = RunManager(
             client=strings,
             keys=keys,
@@ -193,6 +197,7 @@ async def _services(
             max_runs=settings.max_runs,
             replica_id=replica,
             quota=tenant_quota(settings),
+            webhooks=webhooks,
         )
         await relay.start()
         await manager.start()
@@ -212,6 +217,7 @@ async def _services(
             )
         finally:
             await manager.close()
+            await webhooks.close()
             await relay.close()
             fairshare.install(None)
             for client in (strings, raw, relay_client):

@@ -42,6 +42,7 @@ from orchestrator.server.runstream import RunStream
 from orchestrator.server.schemas import RunCreate
 from orchestrator.server.store import Store
 from orchestrator.server.tenancy import TenantQuota
+from orchestrator.server.webhooks import WebhookSender, final_values, payload
 
 log = logging.getLogger("toolfleet.server")
 
@@ -63,6 +64,8 @@ class RunManager(RunLookup):
         max_runs: Runs this replica executes at once.
         replica_id: This replica's id.
         quota: Each tenant's share of the replica's runs (default: all of them).
+        webhooks: Delivers the webhooks of finished runs (``None``: a run naming one is
+            refused).
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class RunManager(RunLookup):
         max_runs: int,
         replica_id: str,
         quota: TenantQuota | None = None,
+        webhooks: WebhookSender | None = None,
     ) -> None:
         self.store = store
         self.events = events
@@ -94,6 +98,8 @@ class RunManager(RunLookup):
         self._started: set[str] = set()
         self._running: set[str] = set()
         self._background: set[asyncio.Task[None]] = set()
+        self.webhooks = webhooks
+        self._started_at: dict[str, str] = {}
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -138,6 +144,10 @@ class RunManager(RunLookup):
         source, assistant = await self.assistants.resolve(tenant, body.assistant_id)
         if body.input is not None and body.command is not None:
             raise Unsupported("give either input or command, not both")
+        if body.webhook is not None:
+            if self.webhooks is None:
+                raise Unsupported("webhook: this server sends no webhooks")
+            await self.webhooks.check(body.webhook)
         if self.active >= self.max_runs:
             raise AtCapacity(f"this replica runs {self.max_runs} runs already; retry later")
         self.quota.take(tenant)
@@ -268,6 +278,7 @@ class RunManager(RunLookup):
                 if await self.store.cancel_requested(run.run_id):
                     raise asyncio.CancelledError
                 await self.store.set_run_status(run.run_id, "running")
+                self._started_at[run.run_id] = now_iso()
                 await self.store.set_thread_status(run.thread_key, "busy")
                 self._running.add(run.run_id)
                 config = run_config(run, body, source.graph_id)
@@ -338,10 +349,13 @@ class RunManager(RunLookup):
                 await self.store.release(run.thread_key, run.run_id)
             else:
                 await self.store.leave_queue(run.thread_key, run.run_id)
+            hook = await self._webhook(run, body, status, error)  # before a thread goes
             if temporary and body.on_completion != "keep":
                 await self.store.delete_thread(run.thread_key, keep_runs=True)
                 await self._checkpointer.adelete_thread(run.thread_key)
             await self.events.end(run.run_id, status)  # last: waiters then see it all done
+            if hook is not None and self.webhooks is not None and body.webhook:
+                self.webhooks.send(body.webhook, hook)
         except Exception:
             log.exception("could not record the end of run %s", run.run_id)
         finally:
@@ -349,7 +363,19 @@ class RunManager(RunLookup):
                 self.quota.give_back(run.tenant)
             self._started.discard(run.run_id)
             self._running.discard(run.run_id)
+            self._started_at.pop(run.run_id, None)
         log.info("run %s on thread %s ended: %s", run.run_id, run.thread_id, status)
+
+    async def _webhook(
+        self, run: RunRecord, body: RunCreate, status: str, error: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """The webhook payload of a run that names one (its thread's final values read
+        while the thread still exists)."""
+        if body.webhook is None or self.webhooks is None:
+            return None
+        values = await final_values(self.graphs, run)
+        started = self._started_at.get(run.run_id, run.created_at)
+        return payload(run, status, error, started, now_iso(), values)
 
     async def _thread_status(self, run: RunRecord, status: str) -> str:
         # As LangGraph's server: a run that stopped between steps (cancelled, or waiting

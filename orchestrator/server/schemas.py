@@ -201,6 +201,12 @@ class RequestBody(BaseModel):
         return data
 
 
+WebhookUrl = Annotated[
+    str, StringConstraints(min_length=8, max_length=4096, pattern=r"^[Hh][Tt][Tt][Pp][Ss]?://\S+$")
+]
+"""An http(s) URL a run's outcome is POSTed to (its host is checked when the run is made)."""
+
+
 class RunConfig(RequestBody):
     """The ``config`` of a run: LangGraph's ``RunnableConfig``, primitives only."""
 
@@ -256,6 +262,8 @@ class RunCreate(RequestBody):
     after_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
     """Seconds to wait before the run starts (at most a day)."""
     durability: Literal["sync", "async", "exit"] | None = None
+    webhook: WebhookUrl | None = None
+    """URL the finished run is POSTed to (:mod:`orchestrator.server.webhooks`)."""
 
     @field_validator("stream_mode", mode="before")
     @classmethod

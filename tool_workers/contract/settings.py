@@ -331,6 +331,19 @@ class Settings(BaseSettings):
     tenant_max_streams: int = Field(default=100, gt=0)
     """Event streams one tenant holds open on a replica at once (``GET`` of a thread's
     or a run's ``/stream``); more are refused with 429."""
+    # -- webhooks of runs (toolfleet serve) ----------------------------------------------
+    webhook_allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
+    """Comma-separated hosts a run's webhook may name although they resolve to loopback,
+    private, link-local or other non-public addresses: host names, IP addresses or
+    networks (``10.0.0.0/8``). Others are refused (422 when the run is created)."""
+    webhook_secret: str | None = Field(default=None, min_length=16, repr=False, exclude=True)
+    """Key of the webhooks' ``X-Toolfleet-Signature`` (HMAC-SHA256 of the body); unset:
+    webhooks are sent unsigned."""
+    webhook_timeout: float = Field(default=10.0, gt=0)
+    """Seconds one try of a webhook delivery may take."""
+    webhook_attempts: int = Field(default=5, ge=1, le=20)
+    """Tries of a webhook delivery (retried on connection errors, timeouts, 429 and 5xx,
+    with exponential backoff); then it is logged and counted as failed."""
 
     @model_validator(mode="after")
     def _check_signing_key(self) -> Settings:
@@ -350,7 +363,7 @@ class Settings(BaseSettings):
             raise ValueError("lease_refresh must be below lease_ttl")
         return self
 
-    @field_validator("tool_modules", "api_tokens", mode="before")
+    @field_validator("tool_modules", "api_tokens", "webhook_allowed_hosts", mode="before")
     @classmethod
     def _split_modules(cls, value: Any) -> Any:
         if isinstance(value, str):
