@@ -8,6 +8,11 @@ task id, answered with a stored failure the orchestrator turns into an error
 ToolMessage. Celery's own handling of invalid messages (refused content, an unknown
 task) is kept and answered the same way. Anything Celery's handler still raises for one
 message is contained to that message: the worker keeps serving.
+
+A consumer that stops on an error Celery cannot recover from ends the worker (a cold
+shutdown, exit status 1) instead of leaving it alive and serving nothing: its lease
+lapses at once, so its calls are handed on, and its supervisor (compose's restart
+policy, Kubernetes) starts a new one.
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ from collections.abc import Callable
 from typing import Any
 
 from celery.app.task import Context
+from celery.exceptions import WorkerShutdown, WorkerTerminate
 from celery.worker import state as worker_state
 from celery.worker.consumer import Consumer
 from vine import promise
 
+from tool_workers.celery_ext import lease as leases
 from tool_workers.celery_ext.envelope import (
     Refusal,
     check_message,
@@ -44,6 +51,28 @@ _HEART = "celery.worker.consumer.heart:Heart"
 
 class ToolfleetConsumer(Consumer):  # type: ignore[misc]
     """Celery's consumer, checking each message first and answering the ones it refuses."""
+
+    def start(self) -> None:
+        """Consume until the worker stops; an error Celery does not recover from ends
+        the worker (cold shutdown, exit status 1) after its lease lapses."""
+        try:
+            super().start()
+        except (WorkerShutdown, WorkerTerminate, SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            log.critical(
+                "the consumer stopped (%s: %s): this worker takes no more calls; its lease "
+                "lapses now and it exits, for its supervisor to restart it",
+                type(exc).__name__,
+                exc,
+                exc_info=True,
+            )
+            lease = leases.current()
+            if lease is not None:
+                lease.expire()
+            if self.controller is not None:
+                self.controller.exitcode = 1
+            raise WorkerTerminate(1) from exc
 
     def create_task_handler(self, promise: Any = promise) -> Callable[[Any], None]:
         """Celery's task handler, behind the message check and a per-message guard."""
@@ -115,7 +144,10 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
         the calls still running on the worker included: after a broker restart or a
         blip the worker reconnects and is handed its own running calls again. The first
         run stores the result (its acknowledgement, on the old channel, is lost), so the
-        copy is acknowledged and not run a second time.
+        copy is acknowledged and not run a second time. kombu's Redis transport gives
+        them back too (when it closes a lost connection's channels, or after the
+        visibility timeout), under their own delivery tag: that copy is the running
+        attempt's delivery, left for the attempt to acknowledge.
         """
         task_id = message.headers.get("id")
         request = worker_state.requests.get(task_id)
@@ -125,6 +157,17 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
             # A Celery retry of the running attempt (same task id, the next retry number),
             # sent just before that attempt ends: a new attempt, not a redelivery.
             return False
+        if message.delivery_tag == request.message.delivery_tag:
+            # Given back under its own delivery tag (kombu's Redis restore after a cut, or
+            # its visibility timeout): the running attempt acknowledges that delivery when
+            # it ends. Acknowledging it here would drop the attempt's holding, and with it
+            # the attempt's right to store its result: the call would go unanswered.
+            log.warning(
+                "call %s is running on this worker already; dropped its redelivery "
+                "(the running attempt acknowledges it)",
+                task_id,
+            )
+            return True
         log.warning("call %s is running on this worker already; dropped its redelivery", task_id)
         message.ack()
         return True

@@ -249,6 +249,18 @@ class Lease:
         if self._thread is not None:
             self._thread.join(timeout=self.refresh + 10)
 
+    def expire(self) -> None:
+        """Stop renewing and lapse now: the next sweep of any worker hands on every call
+        this worker holds (its consumer is gone, so it would never run or ack them)."""
+        self._stop.set()
+        if self._thread is not None:  # a renewal in flight would undo the lapse
+            self._thread.join(timeout=self.refresh + 10)
+        try:
+            self.client.zadd(leases_key(self.key_prefix), {self.id: 0})
+        except redis.RedisError as exc:
+            log.warning("could not lapse this worker's lease now (%r): it lapses in %g s",
+                        exc, self.ttl)  # fmt: skip
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:

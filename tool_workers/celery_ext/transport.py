@@ -13,6 +13,19 @@ in the same round trip where kombu records it as unacknowledged, and leaves alon
 it is acknowledged, rejected or restored, a delivery the lease says was handed on to
 another worker: under the same delivery tag, that message is now the other worker's.
 
+When the link is lost, Celery's consumer tears the connection down in two passes (kombu's
+``Connection.collect``, then ``Connection.close``). kombu closes the channels of the first
+pass one after the other and stops at the first that raises; the usual one is a channel
+draining the reply of its outstanding BRPOP, which cannot come over a cut link. The first
+pass then detaches the transport from its connection anyway, and the second closes the
+channels left open: the consumer's, whose restore of its unacknowledged deliveries builds
+a Redis client from the detached transport and raises ``AttributeError``, which Celery
+does not expect there: the consumer died (``Unrecoverable error``) while the worker's
+other threads lived on. The classes of :mod:`tool_workers.compat.kombu` this transport
+builds on close every channel of a lost connection (the workaround, pinned by a test of
+kombu's own behaviour); a delivery that could not be given back then is the lease's
+sweep's, or kombu's visibility timeout's.
+
 kombu keeps the steps changed here private: they go through the hooks of
 :mod:`tool_workers.compat.kombu`.
 """

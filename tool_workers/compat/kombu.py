@@ -6,16 +6,33 @@ a message must not stop the worker), delivering a message (the lease records whi
 queue it came from), and removing a delivery from the unacknowledged indices (the
 lease's record goes with it). The classes here override exactly those methods and hand
 each step to a public hook; the rest of toolfleet overrides the hooks.
+
+They also work around a kombu bug (5.7) that killed a worker's consumer after a network
+cut. Celery tears a lost connection down in two passes (``Connection.collect``, then
+``Connection.close``); kombu's ``Transport.close_connection`` stops at the first channel
+whose ``close`` raises (one waiting for the reply of its outstanding BRPOP, which never
+comes over a cut link), and the first pass detaches the transport from its connection
+anyway (``transport.client = None``). The second pass closes the consumer's channel, left
+open: restoring its unacknowledged deliveries builds a Redis client from the detached
+transport and raises ``AttributeError`` (``conninfo.hostname``), which Celery does not
+expect there. Here a channel closes even when that reply never comes, the transport
+closes every channel whatever one raises, and a channel closed after its transport was
+detached does not reconnect to give back its deliveries (the worker's lease and the
+visibility timeout do). ``tests/integration/test_transport_teardown.py`` runs Celery's
+teardown on stock kombu too, and fails once kombu no longer needs this.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+
+logger = logging.getLogger("toolfleet.worker")
 
 PINNED: dict[str, tuple[Any, str, tuple[str, ...]]] = {
     "Channel._brpop_read": (kombu_redis.Channel, "_brpop_read", ("self",)),
@@ -33,6 +50,7 @@ PINNED: dict[str, tuple[Any, str, tuple[str, ...]]] = {
     ),
     "Transport._deliver": (virtual.Transport, "_deliver", ("self", "message", "queue")),
     "virtual.Message._raw": (virtual.Message, "__init__", ("self", "payload", "channel")),
+    "QoS._delivered": (virtual.QoS, "_delivered", ()),
     "kombu.transport._transport_cache": (kombu_transport, "_transport_cache", ()),
 }
 """Each private name: (owner, attribute, the leading parameters it must take)."""
@@ -71,6 +89,17 @@ class RedisChannel(kombu_redis.Channel):  # kombu is unannotated
         """Read a queue entry (``fetch`` pops and delivers it). Override to guard it."""
         return fetch()
 
+    def close(self) -> None:
+        """Close the channel, also when the reply of its outstanding BRPOP never comes
+        (kombu reads it first; over a cut link the read fails, Celery bounds it)."""
+        try:
+            super().close()  # type: ignore[no-untyped-call]
+        except self.connection_errors:
+            if self.closed:
+                raise  # closed; only giving back its deliveries failed
+            # The BRPOP read failed and kombu dropped its connection: close the rest.
+            super().close()  # type: ignore[no-untyped-call]
+
 
 class RedisQoS(kombu_redis.QoS):
     """kombu's Redis ack emulation whose index removal goes through :meth:`removing`."""
@@ -83,6 +112,21 @@ class RedisQoS(kombu_redis.QoS):
     def removing(self, delivery_tag: str, pipe: Any) -> None:
         """A delivery leaves kombu's unacknowledged indices (in ``pipe``, a transaction
         kombu runs). Override to remove more in the same transaction."""
+
+    def restore_unacked(self, client: Any = None) -> None:
+        """Give the unacknowledged deliveries back to their queues, unless the channel's
+        transport was detached from its connection (a client built then has no address)."""
+        transport = self.channel.connection
+        if client is None and (transport is None or transport.client is None):
+            # Their records stay in Redis for the lease's sweep or the visibility timeout.
+            logger.warning(
+                "left %d unacknowledged delivery(ies) to be given back later: their "
+                "connection was closed",
+                len(self._delivered),
+            )
+            self._delivered.clear()
+            return
+        super().restore_unacked(client)  # type: ignore[no-untyped-call]
 
     def track(self, message: Any, delivery_tag: str) -> None:
         """Only the in-memory part of kombu's ``append`` (the caller wrote Redis)."""
@@ -98,6 +142,21 @@ class RedisTransport(kombu_redis.Transport):
 
     delivering: str | None = None
     """The queue of the message being delivered (its QoS records where it came from)."""
+
+    def close_connection(self, connection: Any) -> None:
+        """Close every channel, whatever one of them raises; then raise the first error
+        (kombu stops at the first, leaving the rest to be closed once detached)."""
+        first: BaseException | None = None
+        # Each failed pass has taken the channel that raised off the lists.
+        for _ in range(len(self.channels) + 2):
+            try:
+                super().close_connection(connection)  # type: ignore[no-untyped-call]
+            except self.connection_errors + self.channel_errors as exc:
+                first = first or exc
+                continue
+            break
+        if first is not None:
+            raise first
 
     def _deliver(self, message: Any, queue: Any) -> Any:
         self.delivering = queue
