@@ -224,6 +224,25 @@ def serve(
         raise typer.Exit(2) from None
 
 
+@app.command(name="mcp")
+def mcp_stdio() -> None:
+    """Offer the fleet's tools to an MCP client over stdio (its command: toolfleet mcp).
+
+    Calls go to the workers as an agent's do; logs go to stderr.
+    """
+    try:
+        from orchestrator.mcp.server import serve_stdio
+    except ImportError as exc:
+        typer.echo(f"error: {exc}; install the mcp extra: pip install 'toolfleet[mcp]'", err=True)
+        raise typer.Exit(2) from None
+    from tool_workers.contract.logs import configure_logging
+    from tool_workers.contract.settings import Settings
+
+    settings = Settings()
+    configure_logging(settings)
+    serve_stdio(settings)
+
+
 @app.command()
 def sample(
     directory: Annotated[Path, typer.Argument(help="Where to write the sample project.")],
