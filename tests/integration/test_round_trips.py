@@ -7,6 +7,7 @@ meant to send.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -113,3 +114,67 @@ def test_a_store_runs_after_the_server_forgot_the_script(tmp_path: Any) -> None:
             assert backend.get_task_meta("task-1")["result"] == {"n": 1}
         finally:
             client.close()
+
+
+def _worker_exchanges_per_call(
+    make_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    redis_url: str,
+    events: bool,
+    calls: int = 10,
+) -> dict[str, float]:
+    """Exchanges a prefork worker (as compose runs it, with or without ``-E``) has with
+    Redis per call, by command, less what it sends idle over as long (lease, registry,
+    heartbeats, kombu's scans)."""
+    target = urlsplit(redis_url)
+    host, port = target.hostname or "127.0.0.1", target.port or 6379
+    settings = make_settings()
+    with DelayProxy(host, port, 0.0) as link:
+        start_worker(
+            settings.model_copy(update={"broker_url": proxied(redis_url, link.port)}),
+            pool="prefork",
+            concurrency=2,
+            queues=("tools",),
+            events=events,
+        )
+        dispatcher = dispatcher_for(settings=settings)
+        spec = dispatcher.served_tools(fresh=True)["echo_cls"]
+        warm = _call(spec, "warm")
+        dispatcher.submit([warm])
+        assert dispatcher.wait(warm, timeout=30).status == "success"
+
+        _, before = link.exchanges.snapshot()
+        t0 = time.monotonic()
+        for i in range(calls):
+            call = _call(spec, f"hello {i}")
+            dispatcher.submit([call])
+            assert dispatcher.wait(call, timeout=30).status == "success"
+        busy = time.monotonic() - t0
+        served = _kinds(link, before)
+        _, before = link.exchanges.snapshot()
+        time.sleep(busy)
+        idle = _kinds(link, before)
+    kinds = set(served) | set(idle)
+    per_call = {k: (served.get(k, 0) - idle.get(k, 0)) / calls for k in sorted(kinds)}
+    return {k: v for k, v in per_call.items() if abs(v) >= 0.5}
+
+
+def test_task_events_cost_the_worker_these_round_trips_per_call(
+    make_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    redis_url: str,
+) -> None:
+    """Given a prefork worker with and without task events (``-E``), when calls run one
+    after another, then the worker's exchanges per call are counted (and printed): with
+    events, the difference is the events' PUBLISHes alone, at most one per task event
+    (received, started, succeeded)."""
+    without = _worker_exchanges_per_call(make_settings, start_worker, redis_url, events=False)
+    with_events = _worker_exchanges_per_call(make_settings, start_worker, redis_url, events=True)
+    print(f"\n[worker exchanges per call] without -E: {without}\n  with -E: {with_events}")
+    extra = {
+        k: with_events.get(k, 0) - without.get(k, 0)
+        for k in set(with_events) | set(without)
+        if abs(with_events.get(k, 0) - without.get(k, 0)) >= 0.5
+    }
+    assert set(extra) <= {"PUBLISH"}, extra
+    assert extra.get("PUBLISH", 0) <= 3, extra
