@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 from orchestrator import fairshare
 from orchestrator.agent import async_checkpointer
 from orchestrator.dispatch.fleet import dispatcher_for
-from orchestrator.server import openapi
+from orchestrator.server import mcp, openapi
 from orchestrator.server.assistant_store import AssistantStore
 from orchestrator.server.auth import TokenAuth
 from orchestrator.server.connections import ConnectionGuard, ConnectionLimits, connection_cap
@@ -134,6 +134,7 @@ def create_app(
         store_items.router,
     ):
         app.include_router(router)
+    mcp.install(app)  # the fleet's tools and the assistants to MCP clients
     # Outermost of the app's own layers: refusals here never reach routing or a body read.
     app.add_middleware(
         Guard,
