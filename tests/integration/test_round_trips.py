@@ -149,6 +149,7 @@ def _worker_exchanges_per_call(
             call = _call(spec, f"hello {i}")
             dispatcher.submit([call])
             assert dispatcher.wait(call, timeout=30).status == "success"
+        time.sleep(1.0)  # the last events' flush (EVENTS_FLUSH) falls in this window
         busy = time.monotonic() - t0
         served = _kinds(link, before)
         _, before = link.exchanges.snapshot()
@@ -156,7 +157,7 @@ def _worker_exchanges_per_call(
         idle = _kinds(link, before)
     kinds = set(served) | set(idle)
     per_call = {k: (served.get(k, 0) - idle.get(k, 0)) / calls for k in sorted(kinds)}
-    return {k: v for k, v in per_call.items() if abs(v) >= 0.5}
+    return {k: round(v, 2) for k, v in per_call.items() if abs(v) >= 0.05}
 
 
 def test_task_events_cost_the_worker_these_round_trips_per_call(
@@ -166,15 +167,15 @@ def test_task_events_cost_the_worker_these_round_trips_per_call(
 ) -> None:
     """Given a prefork worker with and without task events (``-E``), when calls run one
     after another, then the worker's exchanges per call are counted (and printed): with
-    events, the difference is the events' PUBLISHes alone, at most one per task event
-    (received, started, succeeded)."""
+    events, the difference is the events' PUBLISHes alone, fewer than one per call: a
+    call's events go out together (Celery sent each on its own, 2.2 per call)."""
     without = _worker_exchanges_per_call(make_settings, start_worker, redis_url, events=False)
     with_events = _worker_exchanges_per_call(make_settings, start_worker, redis_url, events=True)
     print(f"\n[worker exchanges per call] without -E: {without}\n  with -E: {with_events}")
     extra = {
         k: with_events.get(k, 0) - without.get(k, 0)
         for k in set(with_events) | set(without)
-        if abs(with_events.get(k, 0) - without.get(k, 0)) >= 0.5
+        if abs(with_events.get(k, 0) - without.get(k, 0)) >= 0.5  # lease and scan noise
     }
-    assert set(extra) <= {"PUBLISH"}, extra
-    assert extra.get("PUBLISH", 0) <= 3, extra
+    assert not extra, extra
+    assert 0 < with_events.get("PUBLISH", 0) < 1, with_events

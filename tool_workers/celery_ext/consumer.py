@@ -48,9 +48,34 @@ class UnreadableCall(Exception):
 
 _HEART = "celery.worker.consumer.heart:Heart"
 
+EVENTS_FLUSH = 0.5
+"""Seconds task events (``-E``) wait to go out together, in one publish."""
+
 
 class ToolfleetConsumer(Consumer):  # type: ignore[misc]
     """Celery's consumer, checking each message first and answering the ones it refuses."""
+
+    _events_flush: Any = None
+
+    def on_send_event_buffered(self) -> None:
+        """Flush the buffered task events :data:`EVENTS_FLUSH` s after the first of them.
+
+        Celery flushes after each event: a publish, a round trip on the consumer's loop,
+        for each of a call's received, started and succeeded events. Together, a call's
+        events (and those of calls around it) cost one publish.
+        """
+        if self.hub is None:
+            super().on_send_event_buffered()
+            return
+        pending = self._events_flush
+        if pending is not None and not pending.canceled:
+            return  # a reconnect cancels the loop's timers: then schedule anew
+        self._events_flush = self.hub.call_later(EVENTS_FLUSH, self._flush_task_events)
+
+    def _flush_task_events(self) -> None:
+        self._events_flush = None
+        if self.event_dispatcher is not None:
+            self.event_dispatcher.flush()
 
     def start(self) -> None:
         """Consume until the worker stops; an error Celery does not recover from ends
