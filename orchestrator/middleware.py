@@ -221,12 +221,11 @@ class CeleryToolMiddleware(AgentMiddleware):
                 seen.publishing()
                 dispatcher.submit([call], seen.on_state)
                 seen.dispatched()
-                try:
-                    result = dispatcher.wait(call)
-                except ResultTimeout as exc:
-                    dispatcher.cancel([call], terminate=True)
-                    seen.cancelled()
-                    raise _deadline_error(call, before=False) from exc
+                result = dispatcher.wait(call)
+            except ResultTimeout as exc:
+                dispatcher.cancel([call], terminate=True)
+                seen.cancelled()
+                raise _deadline_error(call, before=False, cause=exc) from exc
             finally:
                 if gate is not None:
                     gate.release(tenant)
@@ -268,7 +267,7 @@ class CeleryToolMiddleware(AgentMiddleware):
             except ResultTimeout as exc:
                 await dispatcher.cancel_async([call], terminate=True)
                 seen.cancelled()
-                raise _deadline_error(call, before=False) from exc
+                raise _deadline_error(call, before=False, cause=exc) from exc
             except asyncio.CancelledError:
                 # The run was cancelled (or a sibling failed): nothing keeps working for it.
                 seen.cancelled()
@@ -399,7 +398,12 @@ def _gate_of(site: CallSite) -> tuple[fairshare.CallGate | None, str]:
     return (gate, tenant) if gate is not None and tenant is not None else (None, "")
 
 
-def _deadline_error(call: PreparedCall, *, before: bool) -> RunDeadlineExceeded:
+def _deadline_error(
+    call: PreparedCall, *, before: bool, cause: Exception | None = None
+) -> RunDeadlineExceeded:
+    """The run's deadline error; ``cause`` (the wait's timeout) names a cut, if one
+    held the call up."""
     when = "before" if before else "while"
     verb = "could run" if before else "ran"
-    return RunDeadlineExceeded(f"run deadline passed {when} {call.tool} {verb}")
+    why = f" ({cause})" if cause is not None else ""
+    return RunDeadlineExceeded(f"run deadline passed {when} {call.tool} {verb}{why}")

@@ -20,6 +20,7 @@ import concurrent.futures
 import functools
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn, TypeVar
@@ -29,6 +30,8 @@ from celery import Celery
 
 from orchestrator.call import PreparedCall
 from orchestrator.dispatch.base import PlacementTable
+from orchestrator.dispatch.late import LostCalls
+from orchestrator.dispatch.link import LinkHealth, worst
 from orchestrator.dispatch.listener import ResultListener
 from orchestrator.dispatch.loop_redis import LoopClients
 from orchestrator.dispatch.outcome import result_from_meta
@@ -39,7 +42,7 @@ from orchestrator.dispatch.waiting import Next, Waiting, deadline_of
 from orchestrator.dispatch.watch import StateCallback
 from tool_workers.contract.broker import create_app
 from tool_workers.contract.connections import async_redis_client, redis_client
-from tool_workers.contract.errors import ConfigError, DispatchError
+from tool_workers.contract.errors import ConfigError, DispatchError, ToolfleetError
 from tool_workers.contract.models import ToolResult, ToolSpec
 from tool_workers.contract.names import queue_key, reply_channel, result_key
 from tool_workers.contract.settings import Settings, ToolPolicies
@@ -54,6 +57,10 @@ SENT_MEMORY = 65_536
 READY_WAIT = 2.0
 """Seconds the first publication waits for the reply channel's subscription; past that
 it publishes anyway (the listener's sweep reads what the channel missed)."""
+
+REVOKE_WAIT = 1.0
+"""Seconds a cancellation waits for its revocation (a round trip when Redis answers);
+past that it goes on in the background, so a cut never holds up a run's end."""
 
 
 class CeleryDispatcher:
@@ -85,11 +92,21 @@ class CeleryDispatcher:
             functools.partial(result_key, namespace),
             channel,
         )
+        self._publish_link = LinkHealth()
         # Blocking round trips of async callers: threads of their own, never the loop.
         self._io = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="toolfleet-io"
         )
         self._amqp = AmqpBroker(self.app, self._io) if settings.broker_is_amqp else None
+        self.lost = LostCalls(
+            self._redis,
+            settings.key_prefix,
+            settings.result_expires,
+            self._io,
+            settings.signing_key,
+        )
+        """The calls answered as lost, and the late notices of their results."""
+        self.listener.on_late = self.lost.heard
         self._publisher = Publisher(
             settings,
             self._redis,
@@ -100,6 +117,7 @@ class CeleryDispatcher:
             self.policies.defaults.queue,
             self._amqp,
             self._published,
+            self._publish_link,
         )
         self._lock = threading.Lock()
         self._futures: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}
@@ -107,6 +125,8 @@ class CeleryDispatcher:
         self._sent: collections.OrderedDict[str, None] = collections.OrderedDict()
         """Calls this process published (or found published): the ones a cancellation
         revokes. The most recent :data:`SENT_MEMORY`."""
+        self._checking: set[str] = set()
+        """Calls whose ownership check is in progress (one at a time per call)."""
 
     @property
     def app(self) -> Celery:
@@ -159,7 +179,7 @@ class CeleryDispatcher:
         fresh = self._watch(calls, on_state)
         if not fresh:
             return
-        self.listener.wait_ready(READY_WAIT)
+        self.listener.wait_ready(_bounded(READY_WAIT, fresh))
         try:
             outcomes = self._publisher.publish(fresh)
         except BaseException as exc:
@@ -178,7 +198,7 @@ class CeleryDispatcher:
         if not self._watch([call], on_state):
             return
         if not self.listener.ready:
-            await self._off_loop(self.listener.wait_ready, READY_WAIT)
+            await self._off_loop(self.listener.wait_ready, _bounded(READY_WAIT, [call]))
         try:
             # The publication is the batch's: it goes on if this caller is cancelled (a
             # cancellation of the call waits for its end).
@@ -257,7 +277,7 @@ class CeleryDispatcher:
                         self._revoke([call.task_id], terminate=True)
                         return move
                     if move is Next.CHECK:
-                        self._still_published(call)
+                        self._check_soon(call)
         finally:
             self._forget(call.task_id)
         return self._result(call, meta)
@@ -287,7 +307,7 @@ class CeleryDispatcher:
                     await self._off_loop(self._revoke, [call.task_id], True)
                     return move
                 if move is Next.CHECK:
-                    await self._off_loop(self._still_published, call)
+                    self._check_soon(call)
         finally:
             self._forget(call.task_id)
         return self._result(call, meta)
@@ -297,16 +317,39 @@ class CeleryDispatcher:
             call,
             deadline_of(call, timeout),
             functools.partial(self.listener.last_activity, call.task_id),
+            self.link_trouble,
         )
 
+    def link_trouble(self) -> str | None:
+        """How long Redis has been unreachable, and why, if it is now (else ``None``)."""
+        return worst(self.listener.link, self._publish_link)
+
+    def _check_soon(self, call: PreparedCall) -> None:
+        """Check in the background that someone still owns ``call`` (the waiter never
+        waits for the check: during a cut it would take the socket timeouts). Not while
+        the reply channel is down: the check cannot reach Redis either."""
+        if not self.listener.ready:
+            return
+        with self._lock:
+            if call.task_id in self._checking:
+                return
+            self._checking.add(call.task_id)
+        try:
+            self._io.submit(self._still_published, call)
+        except RuntimeError:  # closed
+            with self._lock:
+                self._checking.discard(call.task_id)
+
     def _result(self, call: PreparedCall, meta: dict[str, Any]) -> ToolResult:
-        return result_from_meta(
+        result = result_from_meta(
             meta,
             call.tool,
             call.spec,
             task_id=call.task_id,
             signing_key=self.settings.signing_key,
         )
+        self.lost.answered(call, result)
+        return result
 
     def _still_published(self, call: PreparedCall) -> None:
         """Publish again a call nobody will: its claimer died before publishing it, or
@@ -317,8 +360,11 @@ class CeleryDispatcher:
                     "call %s has neither a marker nor a result; publishing it", call.task_id
                 )
                 self._after(self._publisher.publish([call]))
-        except (redis.RedisError, DispatchError) as exc:  # Redis restarting: check again later
+        except (redis.RedisError, ToolfleetError) as exc:  # Redis restarting: check again later
             log.warning("could not check call %s: %r", call.task_id, exc)
+        finally:
+            with self._lock:
+                self._checking.discard(call.task_id)
 
     def _forget(self, task_id: str) -> None:
         if self.timings is not None:
@@ -332,26 +378,41 @@ class CeleryDispatcher:
     # -- stopping -------------------------------------------------------------------------
 
     def cancel(self, calls: Sequence[PreparedCall], terminate: bool = True) -> None:
-        """Revoke the calls (terminating them on prefork workers) and stop waiting."""
+        """Revoke the calls (terminating them on prefork workers) and stop waiting.
+
+        Waits :data:`REVOKE_WAIT` at most for the revocation: during a cut it goes on in
+        the background (a run's deadline is kept; the calls' messages expire with it).
+        """
         ids = [c.task_id for c in calls]
         if ids:
-            self._revoke(ids, terminate)
+            revoking = self._revoking(ids, terminate)
             for task_id in ids:
                 self._forget(task_id)
+            if revoking is not None:
+                concurrent.futures.wait((revoking,), timeout=REVOKE_WAIT)
 
     async def cancel_async(self, calls: Sequence[PreparedCall], terminate: bool = True) -> None:
         """:meth:`cancel`, its round trips off the event loop.
 
-        Handed to the I/O threads before the first await, and shielded: a caller
-        cancelled again while it waits (a run torn down, a loop shutting down) does not
-        stop the revocation.
+        Handed to the I/O threads before the first await: a caller cancelled again while
+        it waits (a run torn down, a loop shutting down) does not stop the revocation.
+        Waits :data:`REVOKE_WAIT` at most, as :meth:`cancel` does.
         """
         ids = [c.task_id for c in calls]
         if ids:
-            revoking = self._io.submit(self._revoke, ids, terminate)
+            revoking = self._revoking(ids, terminate)
             for task_id in ids:
                 self._forget(task_id)
-            await asyncio.shield(asyncio.wrap_future(revoking))
+            if revoking is not None:
+                # asyncio.wait neither cancels the revocation nor raises on a timeout.
+                await asyncio.wait((asyncio.wrap_future(revoking),), timeout=REVOKE_WAIT)
+
+    def _revoking(self, ids: list[str], terminate: bool) -> concurrent.futures.Future[None] | None:
+        """The revocation of ``ids``, started in the I/O threads (``None``: closed)."""
+        try:
+            return self._io.submit(self._revoke, ids, terminate)
+        except RuntimeError:  # closed: nothing runs for this process any more
+            return None
 
     def _revoke(self, ids: list[str], terminate: bool) -> None:
         ids = self._revocable(ids)
@@ -391,6 +452,7 @@ class CeleryDispatcher:
     def close(self) -> None:
         """Stop the result listener and drop connections."""
         self.listener.close()
+        self._publisher.close()
         self._registry.close()
         self._io.shutdown(wait=False)
         self._loop_clients.close()
@@ -401,9 +463,15 @@ class CeleryDispatcher:
             self._app.close()
 
 
+def _bounded(seconds: float, calls: Sequence[PreparedCall]) -> float:
+    """``seconds``, or less: never past the calls' run deadline."""
+    left = [c.deadline - time.monotonic() for c in calls if c.deadline is not None]
+    return max(min([seconds, *left]), 0.0)
+
+
 def _raise_as_dispatch_error(exc: BaseException) -> NoReturn:
     """Raise ``exc``; an error of the broker or Redis as a :class:`DispatchError`."""
-    if isinstance(exc, DispatchError) or not isinstance(exc, Exception):
+    if isinstance(exc, ToolfleetError) or not isinstance(exc, Exception):
         raise exc
     raise DispatchError(f"could not publish tool call(s): {exc!r}") from exc
 

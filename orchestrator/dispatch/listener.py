@@ -29,6 +29,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from orchestrator.dispatch.late import LATE_OPENING
+from orchestrator.dispatch.link import LinkHealth
 from orchestrator.dispatch.watch import StateCallback, Watch, WatchTable
 
 log = logging.getLogger("toolfleet.results")
@@ -70,6 +72,11 @@ class ResultListener:
         self._reader: asyncio.Task[None] | None = None
         self.subscribed: set[bytes] = set()
         """Channels the pub/sub connection is subscribed to now (for leak checks)."""
+        self.link = LinkHealth()
+        """How the listener's round trips to Redis go (named by a deadline's error)."""
+        self.on_late: Callable[[bytes], None] | None = None
+        """Gets each late notice (a result that came after its call was answered as
+        lost, :mod:`.late`), raw, on the listener's thread."""
 
     # -- public API, callable from any thread ------------------------------------------
 
@@ -207,6 +214,7 @@ class ResultListener:
                     await self._listen(client)
                 except (RedisError, OSError) as exc:
                     log.warning("result pub/sub connection lost (%r); reconnecting", exc)
+                    self.link.failed(exc)
                     self.subscribed.clear()
                     self._ready.clear()
                     await asyncio.sleep(backoff)
@@ -239,8 +247,14 @@ class ResultListener:
     def _on_message(self, message: dict[str, Any]) -> None:
         kind = message["type"]
         if kind == "message":
-            self._table.deliver_reply(message["data"])
+            data = message["data"]
+            if data.startswith(LATE_OPENING):
+                if self.on_late is not None:
+                    self.on_late(data)
+                return
+            self._table.deliver_reply(data)
         elif kind == "subscribe":
+            self.link.ok()
             self.subscribed.add(message["channel"])
             self._ready.set()
             # After a reconnect: states published while the connection was down.
@@ -271,7 +285,9 @@ class ResultListener:
             values = await self._client.mget([self._key_for_task(t) for t in wanted])
         except (RedisError, OSError) as exc:  # the sweep reads them again
             log.warning("result %s read failed (%r)", why, exc)
+            self.link.failed(exc)
             return
+        self.link.ok()
         for task_id, raw in zip(wanted, values, strict=True):
             self._table.deliver(task_id, raw)
 

@@ -13,15 +13,19 @@ batch, published one loop turn later, so the Send tasks of one superstep share i
 **Redis broker** (markers on the broker's own server): one script per batch sets each
 call's marker (``SET NX``), checks that no result is stored, and pushes its message
 onto the queue's list: a call is marked exactly when its message is queued, so no
-half-published state exists. Retried while Redis does not answer (10 s): a call the
-lost attempt published carries this publisher's token and counts as published.
+half-published state exists. Retried while Redis does not answer, until the run's
+deadline (without one, for :data:`RETRY_SECONDS`): a call the lost attempt published
+carries this publisher's token and counts as published. A caller never waits past its
+run's deadline: a sync caller's batch is published by the publisher's own thread, and an
+async caller stops waiting for its batch then; a message that goes out later expires at
+that deadline, so no worker runs it.
 
 **RabbitMQ** (markers in Redis, messages elsewhere): the calls are claimed (marker
 ``pending``), published through a kombu producer with publisher confirms, then marked
 published. A publisher that dies in between leaves a ``pending`` marker that expires
 after :data:`PENDING_MARKER_TTL`; a waiter then claims and publishes the call itself.
 
-Sync callers do their I/O in their own thread; async callers on their event loop,
+Sync callers' I/O runs in the publisher's thread; async callers' on their event loop,
 through that loop's own ``redis.asyncio`` client, except for RabbitMQ's producer, which
 blocks and runs in the dispatcher's I/O threads.
 """
@@ -51,9 +55,10 @@ from orchestrator.dispatch.envelope import (
     redis_envelope,
     task_message,
 )
+from orchestrator.dispatch.link import LinkHealth
 from orchestrator.dispatch.loop_redis import LoopClients
 from orchestrator.tracing import publishing
-from tool_workers.contract.errors import DispatchError
+from tool_workers.contract.errors import DispatchError, ResultTimeout, ToolfleetError
 from tool_workers.contract.marker import LUA_READ, marker_key
 from tool_workers.contract.settings import Settings
 
@@ -63,7 +68,8 @@ PENDING_MARKER_TTL = 60
 """Seconds a RabbitMQ claim lives before its publication is confirmed."""
 
 RETRY_SECONDS = 10.0
-"""How long a publication retries while Redis is unreachable before it fails."""
+"""How long a publication of calls without a run deadline retries while Redis is
+unreachable before it fails (calls with one retry until it)."""
 
 
 class Outcome(enum.Enum):
@@ -209,6 +215,7 @@ class Publisher:
         broker: RabbitMQ's side: ``None`` on a Redis broker.
         on_published: Told the outcome of every publication that succeeded (sync ones,
             and async batches whose callers may have been cancelled meanwhile).
+        link: Where the publications note how Redis answers.
     """
 
     def __init__(
@@ -222,6 +229,7 @@ class Publisher:
         default_queue: str,
         broker: AmqpBroker | None = None,
         on_published: Callable[[Mapping[str, Outcome]], None] | None = None,
+        link: LinkHealth | None = None,
     ) -> None:
         self._settings = settings
         self._client = client
@@ -232,6 +240,12 @@ class Publisher:
         self._default_queue = default_queue
         self._broker = broker
         self._on_published = on_published
+        self.link = link if link is not None else LinkHealth()
+        # Sync batches are published here, not in a caller's thread: a caller whose
+        # deadline passes stops waiting while an attempt is still on the wire.
+        self._leader = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="toolfleet-publish"
+        )
         self._in_flight: dict[str, concurrent.futures.Future[None]] = {}
         """Calls of async batches being published, by task id: the batch's end."""
         self._token = uuid.uuid4().hex
@@ -253,10 +267,13 @@ class Publisher:
     # -- sync --------------------------------------------------------------------------
 
     def publish(self, calls: Sequence[PreparedCall]) -> dict[str, Outcome]:
-        """Publish the calls (with whatever else is waiting); blocks until they are out.
+        """Publish the calls (with whatever else is waiting); blocks until they are out,
+        or their run's deadline passed.
 
         Raises:
             DispatchError: the broker or Redis refused them (nothing of them is queued).
+            ResultTimeout: the run's deadline passed first (a message that still goes
+                out expires then: no worker runs it).
         """
         slots = [_Slot(call) for call in calls]
         with self._lock:
@@ -264,9 +281,17 @@ class Publisher:
             lead = not self._leading
             self._leading = True
         if lead:
-            self._lead()
+            try:
+                self._leader.submit(self._lead)
+            except RuntimeError as exc:  # closed
+                with self._lock:
+                    self._leading = False
+                raise DispatchError("the dispatcher is closed") from exc
+        until = _waits_until(calls)
         for slot in slots:
-            slot.done.wait()
+            left = None if until is None else max(until - time.monotonic(), 0.0)
+            if not slot.done.wait(left):
+                raise self._too_late(calls)
         for slot in slots:
             if slot.error is not None:
                 raise _dispatch_error(slot.error, len(slots))
@@ -305,7 +330,11 @@ class Publisher:
         for group, signalled in self._groups(calls):
             with publishing(group[0].trace if signalled else None):
                 keys, args, messages = self._push_args(group, signalled)
-                replies = _retrying(functools.partial(self._push, keys=keys, args=args))
+                replies = _retrying(
+                    functools.partial(self._push, keys=keys, args=args),
+                    _gives_up_at(group),
+                    self.link,
+                )
                 if signalled:
                     after_publish(messages[0], self._queue(group[0]))
             outcomes.update(_outcomes(group, replies))
@@ -330,9 +359,22 @@ class Publisher:
         with self._lock:
             self._in_flight[call.task_id] = batch.ended
         # Shielded: a caller cancelled now (a sibling failed) still has its call's fate
-        # decided with the batch; cancelling it then revokes what was published.
-        await asyncio.shield(batch.done)
+        # decided with the batch; cancelling it then revokes what was published. A caller
+        # whose deadline passes stops waiting (the message expires then).
+        left = None if call.deadline is None else max(call.deadline - time.monotonic(), 0.0)
+        try:
+            await asyncio.wait_for(asyncio.shield(batch.done), left)
+        except TimeoutError:
+            raise self._too_late([call]) from None
         return batch.outcomes[call.task_id]
+
+    def _too_late(self, calls: Sequence[PreparedCall]) -> ResultTimeout:
+        why = self.link.describe() or "the publication did not finish"
+        return ResultTimeout(f"{len(calls)} call(s) not published by the run's deadline: {why}")
+
+    def close(self) -> None:
+        """Stop the publisher's thread (a batch in progress ends on its own)."""
+        self._leader.shutdown(wait=False)
 
     def _later(self, loop: asyncio.AbstractEventLoop, batch: _LoopBatch, turns: int) -> None:
         if turns > 0:
@@ -386,7 +428,9 @@ class Publisher:
             with publishing(group[0].trace if signalled else None):
                 keys, args, messages = self._push_args(group, signalled)
                 replies = await _retrying_async(
-                    functools.partial(_script_async, client, self._push, keys, args)
+                    functools.partial(_script_async, client, self._push, keys, args),
+                    _gives_up_at(group),
+                    self.link,
                 )
                 if signalled:
                     after_publish(messages[0], self._queue(group[0]))
@@ -439,7 +483,9 @@ class Publisher:
             k for c in calls for k in (marker_key(prefix, c.task_id), self._result_key(c.task_id))
         ]
         args: list[Any] = [PENDING_MARKER_TTL, self._pending_value, self._token]
-        replies = _retrying(functools.partial(self._claim, keys=keys, args=args))
+        replies = _retrying(
+            functools.partial(self._claim, keys=keys, args=args), _gives_up_at(calls), self.link
+        )
         outcomes = _outcomes(calls, replies)
         mine = [c for c in calls if outcomes[c.task_id] is Outcome.PUBLISHED]
         if not mine:
@@ -465,9 +511,11 @@ class Publisher:
             _retrying(
                 lambda: self._mark_sent(
                     keys=keys, args=[self._settings.result_expires, self._token]
-                )
+                ),
+                _gives_up_at(calls),
+                self.link,
             )
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, ToolfleetError) as exc:
             log.warning(
                 "%d published call(s) not marked sent (%r); their waiters check", len(calls), exc
             )
@@ -586,33 +634,73 @@ def _outcomes(calls: Sequence[PreparedCall], replies: Sequence[Any]) -> dict[str
 
 
 def _dispatch_error(exc: BaseException, count: int) -> BaseException:
-    if isinstance(exc, DispatchError) or not isinstance(exc, Exception):
+    if isinstance(exc, ToolfleetError) or not isinstance(exc, Exception):
         return exc
     return DispatchError(f"could not publish {count} tool call(s): {exc!r}")
 
 
-def _retrying(attempt: Callable[[], Any]) -> Any:
-    """``attempt()``, tried again while Redis does not answer, for :data:`RETRY_SECONDS`.
+def _waits_until(calls: Sequence[PreparedCall]) -> float | None:
+    """Until when (monotonic) callers wait for these calls' publication: their runs'
+    deadline; ``None`` (until it ends) when one has none."""
+    deadlines = [c.deadline for c in calls]
+    if not deadlines or any(d is None for d in deadlines):
+        return None
+    return max(d for d in deadlines if d is not None)
+
+
+@dataclass(frozen=True)
+class _Window:
+    """Until when (monotonic) a publication retries, and whether that is its calls' run
+    deadline (else the :data:`RETRY_SECONDS` of calls without one)."""
+
+    until: float
+    deadline: bool
+
+
+def _gives_up_at(calls: Sequence[PreparedCall]) -> _Window:
+    """How long a publication of ``calls`` retries: until the latest of their runs'
+    deadlines, or :data:`RETRY_SECONDS` from now when one has none."""
+    until = _waits_until(calls)
+    if until is None:
+        return _Window(time.monotonic() + RETRY_SECONDS, deadline=False)
+    return _Window(until, deadline=True)
+
+
+def _retrying(attempt: Callable[[], Any], window: _Window, link: LinkHealth) -> Any:
+    """``attempt()``, tried again while Redis does not answer, until the window ends.
 
     Safe to repeat: a call an attempt whose reply was lost published is found marked
     with this publisher's token, and counts as published.
     """
-    backoff = _Backoff(RETRY_SECONDS)
+    backoff = _Backoff(window, link)
     while True:
         try:
-            return attempt()
+            reply = attempt()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             time.sleep(backoff.next_or_raise(exc))
+        else:
+            link.ok()
+            return reply
 
 
-async def _retrying_async(attempt: Callable[[], Any]) -> Any:
-    """:func:`_retrying` on an event loop."""
-    backoff = _Backoff(RETRY_SECONDS)
+async def _retrying_async(attempt: Callable[[], Any], window: _Window, link: LinkHealth) -> Any:
+    """:func:`_retrying` on an event loop; no attempt outlasts the window."""
+    backoff = _Backoff(window, link)
     while True:
         try:
-            return await attempt()
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            async with asyncio.timeout_at(_loop_time(window.until)):
+                reply = await attempt()
+        except (redis.ConnectionError, redis.TimeoutError, TimeoutError) as exc:
             await asyncio.sleep(backoff.next_or_raise(exc))
+        else:
+            link.ok()
+            return reply
+
+
+def _loop_time(monotonic: float) -> float:
+    """The running loop's clock at the ``time.monotonic()`` instant ``monotonic``."""
+    loop = asyncio.get_running_loop()
+    return loop.time() + (monotonic - time.monotonic())
 
 
 async def _script_async(
@@ -628,17 +716,25 @@ async def _script_async(
 
 
 class _Backoff:
-    """Delays between tries while Redis does not answer: 0.1 s, doubling up to 2 s, as
-    long as the next try starts within ``window`` seconds of the first."""
+    """Delays between tries while Redis does not answer: 0.1 s, doubling up to 2 s, the
+    last one shortened to end with the window; past it, the failure is raised, saying
+    how long Redis has been unreachable: :class:`ResultTimeout` when the window was the
+    run's deadline, else :class:`DispatchError`."""
 
-    def __init__(self, window: float) -> None:
-        self._deadline = time.monotonic() + window
+    def __init__(self, window: _Window, link: LinkHealth) -> None:
+        self._window = window
+        self._link = link
         self._delay = 0.1
 
     def next_or_raise(self, exc: Exception) -> float:
-        delay = self._delay
-        if time.monotonic() + delay > self._deadline:
-            raise exc
-        self._delay = min(delay * 2, 2.0)
+        self._link.failed(exc)
+        left = self._window.until - time.monotonic()
+        if left <= 0:
+            why = self._link.describe() or repr(exc)
+            if self._window.deadline:
+                raise ResultTimeout(f"not published by the run's deadline: {why}") from exc
+            raise DispatchError(f"could not publish tool call(s): {why}") from exc
+        delay = min(self._delay, left)
+        self._delay = min(self._delay * 2, 2.0)
         log.warning("Redis unreachable while dispatching; retrying in %.1fs", delay)
         return delay

@@ -42,6 +42,8 @@ class Waiting:
         deadline: ``time.monotonic()`` by which the result must be in (``None``: none).
         last_activity: When the call last showed life (its start, progress, heartbeats),
             ``None`` before it started.
+        trouble: What is wrong with the link to Redis now, if anything (named by the
+            error raised when the deadline passes).
     """
 
     def __init__(
@@ -49,10 +51,12 @@ class Waiting:
         call: PreparedCall,
         deadline: float | None,
         last_activity: Callable[[], float | None],
+        trouble: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.call = call
         self.deadline = deadline
         self._last_activity = last_activity
+        self._trouble = trouble
         self._next_check = time.monotonic() + CHECK_INTERVAL
 
     def step(self) -> float:
@@ -76,7 +80,9 @@ class Waiting:
         """
         now = time.monotonic()
         if self.deadline is not None and now >= self.deadline:
-            raise ResultTimeout(f"no result for {self.call.tool} call {self.call.call_id}")
+            trouble = self._trouble()
+            why = f": {trouble}" if trouble else ""
+            raise ResultTimeout(f"no result for {self.call.tool} call {self.call.call_id}{why}")
         idle = self.call.idle_timeout
         if idle is not None:
             last = self._last_activity()

@@ -44,6 +44,10 @@ RUN_WITHIN = 100.0
 FAILED_WITH = ("DispatchError", "RunDeadlineExceeded")
 """The errors a run may fail with when the cut outlasts its retries."""
 
+DEADLINE_KEPT = 3.0
+"""Seconds past its deadline a run may raise ``RunDeadlineExceeded`` (kept within 2 s,
+with a second of headroom for a loaded machine)."""
+
 
 def report(name: str, **numbers: float) -> None:
     print(f"\n[{name}] " + " ".join(f"{k}={v:.1f}s" for k, v in numbers.items()))
@@ -60,12 +64,14 @@ class Orchestrator:
         self.db = workdir / "checkpoints.sqlite"
         self.logs = workdir
 
-    def start(self, mode: str, flavour: str, seconds: float) -> subprocess.Popen[bytes]:
+    def start(
+        self, mode: str, flavour: str, seconds: float, deadline: float = 0
+    ) -> subprocess.Popen[bytes]:
         settings = self.fleet.settings
         cmd = [
             sys.executable, "-m", "tests.faults.net_orchestrator_proc", mode, flavour,
             settings.broker_url, settings.namespace, str(NET_POLICY), str(self.db),
-            str(self.signals), str(CALLS), str(seconds),
+            str(self.signals), str(CALLS), str(seconds), str(deadline),
         ]  # fmt: skip
         with (self.logs / f"orchestrator-{mode}.log").open("wb") as log:
             return self.host.popen(
@@ -136,14 +142,17 @@ def cut_trial(
     before: float | None,
     seconds: float,
     after_failure: str = "resume",
+    deadline: float = 0,
 ) -> dict[str, Any]:
     """Run the fan-out with the orchestrator cut off for ``cut`` seconds, starting
-    ``before`` seconds before the fan-out (``None``: once every call has started)."""
+    ``before`` seconds before the fan-out (``None``: once every call has started), under
+    a run deadline of ``deadline`` seconds (0: none). A run that fails with its deadline
+    must have raised within :data:`DEADLINE_KEPT` of it."""
     fleet = make_fleet()
     fleet.start_worker("w1", pool="threads", concurrency=10)
     fleet.start_worker("w2", pool="threads", concurrency=10)
     orch = Orchestrator(fleet, tmp_path)
-    first = orch.start("start", flavour, seconds)
+    first = orch.start("start", flavour, seconds, deadline)
     try:
         orch.wait_for("ready")
         if before is not None:
@@ -169,6 +178,11 @@ def cut_trial(
         f"{before:g}s before the fan-out" if before is not None else "during the fan-out"
     )
     numbers = {"run_ended_after_heal": ended}
+    if outcome["deadline_at"] is not None:
+        numbers["ended_after_deadline"] = outcome["ended_at"] - outcome["deadline_at"]
+    if outcome["error"] is not None and outcome["error"].startswith("RunDeadlineExceeded"):
+        late = outcome["ended_at"] - outcome["deadline_at"]
+        assert late <= DEADLINE_KEPT, f"the deadline error came {late:.1f} s late"
     if outcome["error"] is None:
         assert_all_answered_once(outcome, seconds)
     else:
@@ -269,3 +283,48 @@ def test_orchestrator_cut_off_for_60s_during_a_fan_out_answers_every_call(
         net_fleet, tmp_path, flavour=flavour, direction=direction, cut=60, before=None, seconds=4
     )
     assert outcome["error"] is None, outcome["error"]
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_run_with_a_deadline_rides_out_a_20s_cut_before_its_fan_out(
+    net_fleet: Callable[..., NetFleet], tmp_path: Path, flavour: str
+) -> None:
+    """Given a run with a 50 s deadline about to fan out 20 calls, when its link to Redis
+    is cut 3 s before the fan-out for 20 s (past the 10 s publication retries of a run
+    without a deadline), then the run itself answers every call once with its result:
+    only the deadline ends a run that has one."""
+    outcome = cut_trial(
+        net_fleet, tmp_path, flavour=flavour, direction="both", cut=20, before=3, seconds=1,
+        deadline=50,
+    )  # fmt: skip
+    assert outcome["error"] is None, outcome["error"]
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_run_with_a_deadline_rides_out_a_60s_cut_before_its_fan_out(
+    net_fleet: Callable[..., NetFleet], tmp_path: Path, flavour: str
+) -> None:
+    """The 60 s cut (deadline 90 s) of the before-the-fan-out trial."""
+    outcome = cut_trial(
+        net_fleet, tmp_path, flavour=flavour, direction="both", cut=60, before=3, seconds=1,
+        deadline=90,
+    )  # fmt: skip
+    assert outcome["error"] is None, outcome["error"]
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_deadline_shorter_than_a_cut_during_the_fan_out_is_kept(
+    net_fleet: Callable[..., NetFleet], tmp_path: Path, flavour: str
+) -> None:
+    """Given 20 calls published and running under a 30 s run deadline, when the
+    orchestrator is cut off for 60 s, then the run raises RunDeadlineExceeded within 2 s
+    of its deadline (3 s allowed), naming the cut, and a resume after the heal answers
+    every call once with its real result."""
+    outcome = cut_trial(
+        net_fleet, tmp_path, flavour=flavour, direction="both", cut=60, before=None, seconds=4,
+        deadline=30,
+    )  # fmt: skip
+    assert outcome["error"] is not None
+    assert outcome["error"].startswith("RunDeadlineExceeded"), outcome["error"]
+    assert "Redis" in outcome["error"], outcome["error"]

@@ -9,7 +9,10 @@ transaction):
   :mod:`tool_workers.contract.marker`), or, before any attempt started it (a request
   refused before its start), while the delivery is still held. A worker that comes back
   after its call was handed on cannot overwrite the new attempt's state; its refused
-  store is logged.
+  store is logged. A refused *result* (the attempt finished after its call was handed on
+  and answered, as lost, by another) is kept as the call's late result instead
+  (:func:`tool_workers.contract.names.late_key`), published on the reply channel as a
+  late notice, logged and counted: whoever owns the call can learn that it did run.
 * **First answer wins** where there is no fence (RabbitMQ, or a result backend on
   another Redis than the broker): a state never overwrites a stored SUCCESS, checked
   and written atomically. A call redelivered after its result was stored cannot
@@ -23,6 +26,7 @@ transaction):
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +36,8 @@ from kombu.utils.encoding import bytes_to_str
 
 from tool_workers.celery_ext.fence import holding_of, holding_token
 from tool_workers.contract.marker import LUA_READ, marker_key
-from tool_workers.contract.names import REPLY_CHANNEL_MARK
+from tool_workers.contract.names import LATE_FIELD, REPLY_CHANNEL_MARK, late_key, tool_from_task
+from tool_workers.observability.metrics import active as active_metrics
 
 log = logging.getLogger("toolfleet.worker")
 
@@ -42,16 +47,33 @@ _bytes_to_str: Callable[[str | bytes], str] = bytes_to_str  # kombu leaves it un
 _STORE = (
     LUA_READ
     + """
--- KEYS: the result key, the call's marker, the held hash (or '').
+-- KEYS: the result key, the call's marker, the held hash (or ''), the late-result key.
 -- ARGV: the state (JSON), its lifetime (s, 0: none), the channel to publish it on,
--- the holding token (or ''), the delivery tag.
--- Returns 1 stored, 0 a SUCCESS was there (unfenced), -1 not this attempt's to store.
+-- the holding token (or ''), the delivery tag, (unused), the opening of a late record
+-- ('' for a state that is not the call's outcome).
+-- Returns 1 stored, 0 a SUCCESS was there (unfenced), -1 not this attempt's to store,
+-- -2 a result not this attempt's to store, kept as the call's late result.
 if ARGV[4] ~= '' then
     local marker = read_marker(KEYS[2])
     local fence = marker and marker['f']
     -- Not the attempt that started last; or, before any start, a delivery handed on.
     if fence ~= ARGV[4] and (fence or redis.call('HEXISTS', KEYS[3], ARGV[5]) == 0) then
-        return -1
+        if not ARGV[7] or ARGV[7] == '' then
+            return -1
+        end
+        -- The first late result of the call is the one kept.
+        local late = ARGV[7] .. ARGV[1] .. '}'
+        local kept
+        if tonumber(ARGV[2]) > 0 then
+            kept = redis.call('SET', KEYS[4], late, 'NX', 'EX', ARGV[2])
+        else
+            kept = redis.call('SET', KEYS[4], late, 'NX')
+        end
+        if not kept then
+            return -1
+        end
+        redis.call('PUBLISH', ARGV[3], late)
+        return -2
     end
 else
     local current = redis.call('GET', KEYS[1])
@@ -139,12 +161,20 @@ class ToolfleetRedisBackend(RedisBackend):  # type: ignore[misc]
             held, tag = holding
             token = holding_token(held, tag)
         channel = reply_channel_of(request) or key
-        keys = [key, marker_key(self._key_prefix, task_id), held]
-        args = [value, int(expires or 0), channel, token, tag]
-        self.ensure(self._run_store, (task_id, keys, args))
+        late = late_key(self._key_prefix, task_id)
+        # A result refused by the fence is kept as the call's late result: the record is
+        # this opening, the state, and "}" (put together in the script). A revocation is
+        # not one: it is this attempt being stopped, not what the call did.
+        outcome = state in (states.SUCCESS, states.FAILURE)
+        opening = f'{{"{LATE_FIELD}":{time.time():.3f},"meta":' if outcome else ""
+        keys = [key, marker_key(self._key_prefix, task_id), held, late]
+        args = [value, int(expires or 0), channel, token, tag, "", opening]
+        self.ensure(self._run_store, (task_id, keys, args, state, request))
         return encoded
 
-    def _run_store(self, task_id: str, keys: list[str], args: list[Any]) -> Any:
+    def _run_store(
+        self, task_id: str, keys: list[str], args: list[Any], state: str, request: Any
+    ) -> Any:
         stored = self._script()(keys=keys, args=args)
         if stored == -1:
             log.warning(
@@ -152,4 +182,18 @@ class ToolfleetRedisBackend(RedisBackend):  # type: ignore[misc]
                 "attempt after this worker's lease lapsed",
                 task_id,
             )
+        elif stored == -2:
+            tool = tool_from_task(str(getattr(request, "task", "") or "")) or "?"
+            log.warning(
+                "late result of call %s to %s (%s): it finished here after the call was "
+                "handed on to another attempt, which answered it; kept under %s, not as "
+                "the call's answer",
+                task_id,
+                tool,
+                state,
+                keys[3],
+            )
+            metrics = active_metrics()
+            if metrics is not None:
+                metrics.late(tool, getattr(request, "hostname", "") or "")
         return stored

@@ -84,6 +84,22 @@ def reply_channel(key_prefix: str, token: str) -> str:
     return f"{key_prefix}reply:{token}"
 
 
+def late_key(key_prefix: str, task_id: str) -> str:
+    """Where a call's *late* result is kept: the result of an attempt that finished after
+    the call was handed on to another attempt (its store was refused by the fence)."""
+    return f"{key_prefix}late:{task_id}"
+
+
+LATE_FIELD = "late_at"
+"""Field of a late-result record (and of its notice on the reply channel): when it came."""
+
+
+def lost_key(key_prefix: str, thread_id: str) -> str:
+    """Hash of a thread's calls answered as lost (task id -> the call), whose late result
+    may still come."""
+    return f"{key_prefix}lost:{thread_id}"
+
+
 def placement_key(key_prefix: str, host: str, pid: int) -> str:
     """Where one orchestrator process publishes its agents' tool placement."""
     return f"{key_prefix}placement:{host}:{pid}"

@@ -53,6 +53,9 @@ CALLS = "toolfleet_worker_calls"
 """Counter of calls by tool and outcome (exposed with the ``_total`` suffix)."""
 DURATION = "toolfleet_worker_call_duration_seconds"
 """Histogram of how long an attempt ran on the worker, by tool and outcome."""
+LATE = "toolfleet_worker_late_results"
+"""Counter of results that came after their call was handed on and answered by another
+attempt, kept as late results (exposed with the ``_total`` suffix)."""
 
 OUTCOMES: tuple[str, ...] = (
     "success",
@@ -98,12 +101,23 @@ class WorkerMetrics:
             buckets=DURATION_BUCKETS,
             registry=None,
         )
+        self.late_results: Counter = Counter(
+            LATE,
+            "Results that came after their call was answered by another attempt (kept as "
+            "late results), by tool.",
+            ["tool", "worker"],
+            registry=None,
+        )
 
     def record(self, tool: str, outcome: str, worker: str, seconds: float | None) -> None:
         """Count one attempt (and its duration, when known)."""
         self.calls.labels(tool, outcome, worker).inc()
         if seconds is not None:
             self.duration.labels(tool, outcome, worker).observe(max(seconds, 0.0))
+
+    def late(self, tool: str, worker: str) -> None:
+        """Count one late result (its store was refused: another attempt answered)."""
+        self.late_results.labels(tool, worker).inc()
 
     def serve(self, host: str, port: int) -> None:
         """Serve ``/metrics`` from this (the main) process, in a thread."""

@@ -1,0 +1,126 @@
+"""A result the fence refuses is kept as its call's late result, heard and readable.
+
+The worker side (its result store) and the orchestrator side (the note of a call
+answered as lost, the late notice, the reader by thread) against a real Redis; the
+network-fault trial is :mod:`tests.faults.test_net_late_result`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+
+import pytest
+import redis
+
+from orchestrator.call import PreparedCall
+from orchestrator.dispatch.late import LATE_OPENING, LateResult, LostCalls, late_results
+from tool_workers.celery_ext.fence import HOLDING_HEADER, held_key
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.marker import marker_key
+from tool_workers.contract.models import ToolResult
+from tool_workers.contract.names import late_key, reply_channel
+from tool_workers.contract.settings import Settings
+
+pytestmark = pytest.mark.timeout(60)
+
+TASK = "t-late-1"
+THREAD = "thread-late"
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings]) -> Settings:
+    return make_settings()
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(settings.backend_url)
+    yield client
+    client.close()
+
+
+def stale_request(settings: Settings, channel: str) -> SimpleNamespace:
+    """The request of an attempt whose call was handed on (another attempt's fence)."""
+    return SimpleNamespace(
+        reply_to=channel,
+        task="tools.pay",
+        hostname="w-stale",
+        **{HOLDING_HEADER: [held_key(settings.key_prefix, "lapsed-lease"), "7"]},
+    )
+
+
+def wait_for(pubsub: redis.client.PubSub, within: float = 5.0) -> bytes:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=0.2)
+        if message is not None and message["type"] == "message":
+            return bytes(message["data"])
+    raise AssertionError("no notice on the reply channel")
+
+
+def test_a_result_refused_by_the_fence_is_kept_heard_and_read_by_thread(
+    settings: Settings, client: redis.Redis
+) -> None:
+    """Given a call answered as lost (another attempt started it last, and answered that
+    it may have partially run), when the stale attempt stores its real result, then the
+    call's answer stays as it was, the result is kept as the call's late result (not
+    replaced by the attempt's revocation after it), published as a late notice the
+    orchestrator hears with the call's ids, and read by thread with its call id."""
+    prefix = settings.key_prefix
+    app = create_app(settings)
+    io = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    lost = LostCalls(client, prefix, 600, io)
+    heard: list[LateResult] = []
+    lost.on_late(heard.append)
+    channel = reply_channel(prefix, "late-test")
+    pubsub = client.pubsub()
+    pubsub.subscribe(channel)
+    try:
+        client.set(marker_key(prefix, TASK), json.dumps({"t": "x", "n": 2, "f": "other|1"}))
+        call = PreparedCall(
+            tool="pay", call_id="c-1", args={}, task_id=TASK, thread_id=THREAD, run_id="r-1"
+        )
+        lost.answered(call, ToolResult.error("redelivered", "may have partially run"))
+        io.shutdown(wait=True)  # the note is written
+
+        request = stale_request(settings, channel)
+        # A state that is not a result is refused and nothing is kept.
+        app.backend.store_result(TASK, {"hostname": "w-stale"}, "STARTED", request=request)
+        assert client.get(late_key(prefix, TASK)) is None
+        real = ToolResult(content="paid 7", worker="w-stale").model_dump(mode="json")
+        app.backend.store_result(TASK, real, "SUCCESS", request=request)
+
+        assert client.get(app.backend.get_key_for_task(TASK)) is None  # the answer stands
+        notice = wait_for(pubsub)
+        assert notice.startswith(LATE_OPENING)
+        lost.heard(notice)
+        # The stale attempt stopped afterwards: its revocation is not the call's outcome.
+        app.backend.store_result(TASK, None, "REVOKED", request=request)
+        with pytest.raises(AssertionError, match="no notice"):
+            wait_for(pubsub, within=0.5)
+        (read,) = late_results(client, prefix, THREAD)
+    finally:
+        pubsub.close()
+        app.close()
+
+    assert (read.call_id, read.tool, read.thread_id, read.run_id) == ("c-1", "pay", THREAD, "r-1")
+    assert (read.answered, read.status, read.content) == ("redelivered", "success", "paid 7")
+    assert abs(read.came_at - time.time()) < 30
+    assert [(h.call_id, h.thread_id, h.content) for h in heard] == [("c-1", THREAD, "paid 7")]
+    assert lost.heard_count == 1
+
+
+def test_a_thread_without_calls_answered_as_lost_has_no_late_results(
+    settings: Settings, client: redis.Redis
+) -> None:
+    """Given calls answered with their results, then nothing is noted for their thread."""
+    io = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    lost = LostCalls(client, settings.key_prefix, 600, io)
+    call = PreparedCall(tool="pay", call_id="c-2", args={}, task_id="t-2", thread_id=THREAD)
+    lost.answered(call, ToolResult(content="paid"))
+    io.shutdown(wait=True)
+    assert late_results(client, settings.key_prefix, THREAD) == []
