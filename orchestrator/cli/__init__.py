@@ -126,6 +126,24 @@ def status(
 
 
 @app.command()
+def late(
+    thread_id: Annotated[str, typer.Argument(help="The thread whose late results to list.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Results that came after their call was answered as lost (it may have run), by call id."""
+    from orchestrator.cli.errors import setup_errors
+    from orchestrator.cli.late import run_late
+    from orchestrator.cli.progress import cli_console
+    from tool_workers.contract.settings import Settings
+
+    logging.basicConfig(level=logging.WARNING)
+    settings = Settings()
+    with setup_errors(settings.broker_url):
+        code = run_late(settings, thread_id, as_json=as_json, console=cli_console())
+    raise typer.Exit(code)
+
+
+@app.command()
 def bench(
     quick: Annotated[
         bool, typer.Option(help="A tiny version of scenarios a-d and g (seconds; for CI).")

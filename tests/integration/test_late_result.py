@@ -15,8 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 import redis
+from rich.console import Console
 
 from orchestrator.call import PreparedCall
+from orchestrator.cli.late import run_late
 from orchestrator.dispatch.late import LATE_OPENING, LateResult, LostCalls, late_results
 from tool_workers.celery_ext.fence import HOLDING_HEADER, held_key
 from tool_workers.contract.broker import create_app
@@ -112,6 +114,31 @@ def test_a_result_refused_by_the_fence_is_kept_heard_and_read_by_thread(
     assert abs(read.came_at - time.time()) < 30
     assert [(h.call_id, h.thread_id, h.content) for h in heard] == [("c-1", THREAD, "paid 7")]
     assert lost.heard_count == 1
+
+
+def test_toolfleet_late_lists_a_threads_late_results_by_call_id(
+    settings: Settings, client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Given a call of a thread answered as lost and its late result kept, when the
+    owner runs ``toolfleet late <thread>``, then it lists the late result by call id."""
+    prefix = settings.key_prefix
+    io = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    lost = LostCalls(client, prefix, 600, io)
+    call = PreparedCall(tool="pay", call_id="c-9", args={}, task_id="t-9", thread_id=THREAD)
+    lost.answered(call, ToolResult.error("worker_lost", "the worker stopped"))
+    io.shutdown(wait=True)
+    meta = {"status": "SUCCESS", "result": {"content": "paid 9"}, "task_id": "t-9"}
+    client.set(late_key(prefix, "t-9"), json.dumps({"late_at": time.time(), "meta": meta}))
+
+    assert run_late(settings, THREAD, as_json=True, console=Console()) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert (listed["call_id"], listed["answered"], listed["content"]) == (
+        "c-9",
+        "worker_lost",
+        "paid 9",
+    )
+    run_late(settings, THREAD, as_json=False, console=Console(width=200))
+    assert "c-9" in capsys.readouterr().out
 
 
 def test_a_thread_without_calls_answered_as_lost_has_no_late_results(
