@@ -8,6 +8,7 @@ service's token auth and per-tenant scoping.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -22,6 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import TextContent
 
 from tests.support.api_pair import ApiPair, api_pair
+from tests.support.fleet import call_states, wait_until
 from tests.support.serving import prefork_fleet, run
 from tool_workers.contract.settings import Settings
 
@@ -174,3 +176,37 @@ def test_langchains_mcp_client_calls_the_fleet_over_http(pair: ApiPair) -> None:
         assert "42" in str(await tools["add"].ainvoke({"a": 41, "b": 1}))
 
     run(scenario())
+
+
+def test_a_client_that_goes_away_mid_call_has_its_call_revoked(
+    pair: ApiPair, prefork_fleet: Settings
+) -> None:
+    """Given a ``tools/call`` of a tool that runs for 30 s, when the client closes the
+    request's connection, then the call is revoked on the workers."""
+
+    async def scenario() -> None:
+        body = {
+            "jsonrpc": "2.0",
+            "id": 7,
+            "method": "tools/call",
+            "params": {"name": "sleep_for", "arguments": {"seconds": 30, "label": "mcp-gone"}},
+        }
+        headers = {
+            "Authorization": f"Bearer {TOKEN_A}",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-06-18",
+        }
+        async with (
+            httpx.AsyncClient(timeout=30) as http,
+            http.stream("POST", f"{pair.toolfleet.url}/mcp", json=body, headers=headers) as answer,
+        ):
+            assert answer.status_code == 200
+            await asyncio.sleep(2.0)  # the call is on a worker; then the client leaves
+
+    before = call_states(prefork_fleet)["REVOKED"]
+    run(scenario())
+    wait_until(
+        lambda: call_states(prefork_fleet)["REVOKED"] > before,
+        timeout=20,
+        what="the abandoned call revoked",
+    )

@@ -151,7 +151,7 @@ def _stream_writer() -> Any:
 
     try:
         return get_stream_writer()
-    except RuntimeError:
+    except (RuntimeError, KeyError):  # no config, or one of no graph (older langgraph)
         return _discard
 
 
