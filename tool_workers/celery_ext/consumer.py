@@ -182,7 +182,7 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
             # A Celery retry of the running attempt (same task id, the next retry number),
             # sent just before that attempt ends: a new attempt, not a redelivery.
             return False
-        if message.delivery_tag == request.message.delivery_tag:
+        if message.delivery_tag == request.message.delivery_tag and self._tags_unique():
             # Given back under its own delivery tag (kombu's Redis restore after a cut, or
             # its visibility timeout): the running attempt acknowledges that delivery when
             # it ends. Acknowledging it here would drop the attempt's holding, and with it
@@ -196,6 +196,13 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
         log.warning("call %s is running on this worker already; dropped its redelivery", task_id)
         message.ack()
         return True
+
+    def _tags_unique(self) -> bool:
+        """Whether a delivery tag names one delivery across channels: kombu's Redis
+        transport gives each a uuid; AMQP numbers them per channel, so after a reconnect
+        a redelivered copy may carry the number of the original on the old channel."""
+        connection = self.connection
+        return connection is not None and connection.transport.driver_type == "redis"
 
     class Blueprint(Consumer.Blueprint):  # type: ignore[misc]
         # Heartbeats that never stall the event loop (tool_workers.celery_ext.heartbeat).
