@@ -16,6 +16,7 @@ from fastapi import Path
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -262,6 +263,9 @@ class RunCreate(RequestBody):
     after_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
     """Seconds to wait before the run starts (at most a day)."""
     durability: Literal["sync", "async", "exit"] | None = None
+    checkpoint_during: bool | None = None
+    """The older form of ``durability`` (used only without it): ``true`` is ``async``,
+    ``false`` is ``exit``, as on LangGraph's server."""
     webhook: WebhookUrl | None = None
     """URL the finished run is POSTed to (:mod:`orchestrator.server.webhooks`)."""
 
@@ -270,6 +274,45 @@ class RunCreate(RequestBody):
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
 
+    @model_validator(mode="after")
+    def _checkpoint_during(self) -> RunCreate:
+        if self.durability is None and self.checkpoint_during is not None:
+            self.durability = "async" if self.checkpoint_during else "exit"
+        return self
+
+
+class StateUpdate(RequestBody):
+    """One update of a superstep: values written as node ``as_node``, or a command."""
+
+    values: JsonObject | Annotated[list[JsonValue], Field(max_length=10_000)] | None = None
+    command: RunCommand | None = None
+    as_node: Id | None = None
+
+
+class Superstep(RequestBody):
+    """The updates of one superstep, applied together (one checkpoint)."""
+
+    updates: Annotated[list[StateUpdate], Field(min_length=1, max_length=1000)]
+
+
+_NO_THREAD_TTL = (
+    "threads expire TOOLFLEET_THREAD_TTL after their last change; a TTL per thread is not "
+    "supported (leave out ttl)"
+)
+
+
+def _no_thread_ttl(value: Any) -> None:
+    if value is not None:
+        raise ValueError(_NO_THREAD_TTL)
+
+
+ThreadTtl = Annotated[
+    Any,
+    BeforeValidator(_no_thread_ttl),
+    WithJsonSchema({"type": "null", "description": _NO_THREAD_TTL}),
+]
+"""``ttl`` of a thread: refused (422 naming it) unless null."""
+
 
 class ThreadCreate(RequestBody):
     """Body of ``POST /threads``."""
@@ -277,11 +320,88 @@ class ThreadCreate(RequestBody):
     thread_id: NewId | None = None
     metadata: JsonObject = Field(default_factory=dict)
     if_exists: Literal["raise", "do_nothing"] = "raise"
+    supersteps: Annotated[list[Superstep], Field(min_length=1, max_length=1000)] | None = None
+    """The thread's history to write at once, a checkpoint per superstep, by the graph
+    its metadata's ``graph_id`` names."""
+    ttl: ThreadTtl = None
 
 
 SortOrder = Literal["asc", "desc"]
 ThreadSortBy = Literal["thread_id", "status", "created_at", "updated_at", "state_updated_at"]
 AssistantSortBy = Literal["assistant_id", "graph_id", "name", "created_at", "updated_at"]
+
+
+ThreadField = Literal[
+    "thread_id",
+    "created_at",
+    "updated_at",
+    "state_updated_at",
+    "metadata",
+    "config",
+    "status",
+    "values",
+    "interrupts",
+]
+AssistantField = Literal[
+    "assistant_id",
+    "graph_id",
+    "name",
+    "description",
+    "config",
+    "context",
+    "created_at",
+    "updated_at",
+    "metadata",
+    "version",
+]
+RunField = Literal[
+    "run_id",
+    "thread_id",
+    "assistant_id",
+    "created_at",
+    "updated_at",
+    "status",
+    "metadata",
+    "kwargs",
+    "multitask_strategy",
+]
+"""The fields a search may ``select``, as LangGraph's server names them."""
+
+EXTRACT_ROOTS = ("values", "metadata", "config", "interrupts")
+"""The fields of a thread an ``extract`` path may start from."""
+
+_ALIAS = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+_PATH = r"^(values|metadata|config|interrupts)([.\[].*)?$"
+
+
+def _check_aliases(value: dict[str, str]) -> dict[str, str]:
+    for alias in value:
+        if alias in ThreadField.__args__:  # type: ignore[attr-defined]
+            raise ValueError(f"extract alias {alias!r} is a field of a thread")
+    return value
+
+
+Extract = Annotated[
+    dict[
+        Annotated[str, StringConstraints(pattern=_ALIAS)],
+        Annotated[str, StringConstraints(max_length=512, pattern=_PATH)],
+    ],
+    Field(max_length=10),
+    AfterValidator(_check_aliases),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "maxProperties": 10,
+            "propertyNames": {
+                "pattern": _ALIAS,
+                "not": {"enum": list(ThreadField.__args__)},
+            },
+            "additionalProperties": {"type": "string", "maxLength": 512, "pattern": _PATH},
+        }
+    ),
+]
+"""``alias: path`` pairs (at most 10), each path starting at a field of
+:data:`EXTRACT_ROOTS`; an alias is an identifier, not a field of a thread."""
 
 
 class ThreadSearch(RequestBody):
@@ -296,6 +416,13 @@ class ThreadSearch(RequestBody):
     """Default: ``updated_at``, most recent first."""
     sort_order: SortOrder | None = None
     """Default: ``desc``."""
+    values: JsonObject | None = None
+    """Threads whose latest values contain these."""
+    select: list[ThreadField] | None = None
+    """Only these fields of each thread."""
+    extract: Extract | None = None
+    """Values picked out of each thread (``alias: "values.messages[-1].content"``), in
+    its ``extracted`` field."""
 
 
 class HistoryRequest(RequestBody):
@@ -333,6 +460,7 @@ class ThreadPatch(RequestBody):
 
     metadata: JsonObject = Field(default_factory=dict)
     """Merged into the thread's metadata (these keys win)."""
+    ttl: ThreadTtl = None
 
 
 class ThreadCount(RequestBody):
@@ -340,6 +468,8 @@ class ThreadCount(RequestBody):
 
     metadata: JsonObject | None = None
     status: ThreadStatus | None = None
+    values: JsonObject | None = None
+    """Threads whose latest values contain these."""
 
 
 class ThreadStateUpdate(RequestBody):
@@ -377,6 +507,8 @@ class AssistantSearch(AssistantCount):
     """Default: ``created_at``, newest first; names and graph ids ignore case."""
     sort_order: SortOrder | None = None
     """Default: ``desc``."""
+    select: list[AssistantField] | None = None
+    """Only these fields of each assistant."""
 
 
 class AssistantCreate(RequestBody):

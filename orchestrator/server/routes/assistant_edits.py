@@ -9,6 +9,7 @@ from fastapi import APIRouter, Response
 
 from orchestrator.server.openapi import CONFLICT, NOT_FOUND
 from orchestrator.server.responses import Assistant, AssistantVersion
+from orchestrator.server.routes.threads import COUNT_PAGE, remove_thread
 from orchestrator.server.schemas import (
     AssistantCreate,
     AssistantLatest,
@@ -39,9 +40,19 @@ async def patch_assistant(
 
 
 @router.delete("/{assistant_id}", status_code=204, responses=BOTH)
-async def delete_assistant(svc: Svc, tenant: Tenant, assistant_id: ItemId) -> Response:
-    """Forget the assistant and its versions; its threads stay (the server's own: 409)."""
+async def delete_assistant(
+    svc: Svc, tenant: Tenant, assistant_id: ItemId, delete_threads: bool = False
+) -> Response:
+    """Forget the assistant and its versions (the server's own: 409); with
+    ``delete_threads``, also the tenant's threads it ran on (its id in their metadata),
+    as ``DELETE /threads/{id}`` deletes a thread; otherwise they stay."""
     await svc.assistants.delete(tenant, assistant_id)
+    if delete_threads:
+        tagged = {"assistant_id": assistant_id}
+        for record in await svc.store.search_threads(
+            tenant, limit=COUNT_PAGE, offset=0, metadata=tagged
+        ):
+            await remove_thread(svc, record)
     return Response(status_code=204)
 
 

@@ -10,15 +10,14 @@ from fastapi import APIRouter, Response
 from orchestrator.server.openapi import NOT_FOUND
 from orchestrator.server.responses import Assistant
 from orchestrator.server.schemas import AssistantCount, AssistantSearch, ItemId
+from orchestrator.server.selection import picked
 from orchestrator.server.services import Services, Svc, Tenant, json_response
 
 router = APIRouter(prefix="/assistants", tags=["assistants"])
 
 
 @router.post("/search", response_model=list[Assistant])
-async def search_assistants(
-    svc: Svc, tenant: Tenant, body: AssistantSearch
-) -> list[dict[str, Any]]:
+async def search_assistants(svc: Svc, tenant: Tenant, body: AssistantSearch) -> Response:
     """Assistants matching the graph id, name and metadata given, in the order asked for."""
     found = await _matching(svc, tenant, body)
     field = body.sort_by or "created_at"
@@ -30,7 +29,8 @@ async def search_assistants(
     # A stable sort: ties (the graphs' assistants share their creation time) keep the
     # project's order, as on LangGraph's server.
     found.sort(key=key, reverse=body.sort_order != "asc")
-    return found[body.offset : body.offset + body.limit]
+    page = found[body.offset : body.offset + body.limit]
+    return json_response([picked(a, body.select) for a in page])
 
 
 @router.post("/count", response_model=int)

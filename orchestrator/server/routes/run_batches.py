@@ -3,8 +3,8 @@
 As on LangGraph's server: ``POST /runs/batch`` starts each run of the list on a thread of
 its own and answers the runs; ``POST /runs/cancel`` cancels either the runs ``run_ids``
 of thread ``thread_id``, or every run of the tenant with a ``status`` (``pending``,
-``running`` or ``all`` of those two), answers 204, and 404 when it matches no run at all
-(matching finished runs is fine: they are left as they are).
+``running`` or ``all`` of those two), answers 204, and 404 when it matches no run that is
+pending or running (``action=rollback`` deletes each with the checkpoints it wrote).
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from orchestrator.server.errors import Conflict, NotFound
 from orchestrator.server.openapi import AT_CAPACITY, NOT_FOUND
 from orchestrator.server.records import RunRecord
 from orchestrator.server.responses import Run
-from orchestrator.server.routes.thread_edits import COUNT_PAGE
-from orchestrator.server.routes.threads import existing_thread
-from orchestrator.server.schemas import Id, RequestBody, RunCreate
+from orchestrator.server.routes.threads import COUNT_PAGE, existing_thread
+from orchestrator.server.schemas import CancelAction, Id, RequestBody, RunCreate
 from orchestrator.server.services import Services, Svc, Tenant, json_response
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -69,18 +68,21 @@ async def create_batch(
 
 
 @router.post("/cancel", status_code=204, responses=NOT_FOUND)
-async def cancel_many(svc: Svc, tenant: Tenant, body: RunsCancel) -> Response:
-    """Cancel the runs selected; their in-flight tool tasks are revoked."""
-    matched = await _selected(svc, tenant, body)
-    if not matched:
-        raise NotFound("no runs found to cancel")
-    await asyncio.gather(*(_cancel(svc, run) for run in matched if not run.done))
+async def cancel_many(
+    svc: Svc, tenant: Tenant, body: RunsCancel, action: CancelAction = "interrupt"
+) -> Response:
+    """Cancel the runs selected; their in-flight tool tasks are revoked. ``rollback``
+    also deletes each run with the checkpoints it wrote."""
+    cancelable = [run for run in await _selected(svc, tenant, body) if not run.done]
+    if not cancelable:
+        raise NotFound("no pending or running runs found to cancel")
+    await asyncio.gather(*(_cancel(svc, run, action) for run in cancelable))
     return Response(status_code=204)
 
 
-async def _cancel(svc: Services, run: RunRecord) -> None:
+async def _cancel(svc: Services, run: RunRecord, action: CancelAction) -> None:
     with contextlib.suppress(Conflict):  # it finished meanwhile: nothing left to cancel
-        await svc.runs.cancel(run)
+        await svc.runs.cancel(run, action)
 
 
 async def _selected(svc: Services, tenant: str, body: RunsCancel) -> list[RunRecord]:

@@ -19,10 +19,12 @@ from orchestrator.server.schemas import (
     CancelAction,
     NewThreadId,
     RunCreate,
+    RunField,
     RunId,
     RunStatus,
     ThreadId,
 )
+from orchestrator.server.selection import picked
 from orchestrator.server.services import Services, Svc, Tenant, json_response
 from orchestrator.server.streaming import event_filter, run_locations, sse_response
 from orchestrator.server.streamquota import Streams
@@ -98,14 +100,15 @@ async def list_runs(
     thread_id: ThreadId,
     limit: Annotated[int, Query(ge=1, le=1000)] = 10,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
-    # Not "RunStatus | None": a nullable query parameter is documented as accepting the
-    # text "null", which no status is.
+    # Neither "... | None": a nullable query parameter is documented as accepting the
+    # text "null", which no status or field is.
     status: RunStatus = None,  # type: ignore[assignment]
+    select: Annotated[list[RunField], Query()] = None,  # type: ignore[assignment]  # noqa: RUF013
 ) -> Any:
-    """The thread's runs, newest first."""
+    """The thread's runs, newest first (only the fields of ``select`` if given)."""
     record = await existing_thread(svc, tenant, thread_id)
     runs = await svc.store.runs(record.key, limit=limit, offset=offset, status=status)
-    return json_response([r.to_api() for r in runs])
+    return json_response([picked(r.to_api(), select) for r in runs])
 
 
 @router.get("/threads/{thread_id}/runs/{run_id}", response_model=Run, responses=NOT_FOUND)
@@ -191,7 +194,6 @@ async def join_stream(
     responses={
         202: {"model": Run, "description": "Cancelling (without wait)"},
         **NOT_FOUND,
-        **CONFLICT,
     },
 )
 async def cancel_run(
@@ -205,10 +207,14 @@ async def cancel_run(
     """Cancel the run: its model call stops and its in-flight tool tasks are revoked.
 
     ``action=rollback`` also deletes the run and the checkpoints it wrote. With ``wait``,
-    answers once the run has stopped. A finished run answers 409.
+    answers once the run has stopped. A finished run answers 404, as on LangGraph's
+    server: there is no run to cancel.
     """
     run = await svc.runs.get_run(tenant, thread_id, run_id)
-    await svc.runs.cancel(run, action)
+    try:
+        await svc.runs.cancel(run, action)
+    except Conflict:  # finished
+        raise NotFound(f"run {run_id} has finished ({run.status}): nothing to cancel") from None
     if wait:
         try:
             run = await svc.runs.wait_done(run)

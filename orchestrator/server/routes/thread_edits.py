@@ -20,15 +20,13 @@ from orchestrator.server.errors import Conflict, RequestRefused
 from orchestrator.server.openapi import CONFLICT, NOT_FOUND, ErrorBody
 from orchestrator.server.quota import QuotaExceeded, size_of, state_field
 from orchestrator.server.responses import Thread, ThreadUpdated
-from orchestrator.server.routes.threads import existing_thread, thread_values
+from orchestrator.server.routes.threads import COUNT_PAGE, existing_thread, thread_values
 from orchestrator.server.runconfig import thread_config
 from orchestrator.server.schemas import ThreadCount, ThreadId, ThreadPatch, ThreadStateUpdate
+from orchestrator.server.selection import contains
 from orchestrator.server.services import Svc, Tenant, json_response
 
 router = APIRouter(prefix="/threads", tags=["threads"])
-
-COUNT_PAGE = 1_000_000
-"""Most threads a count reads (the whole index of any real tenant)."""
 
 NO_GRAPH: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "No run has tagged the thread with its graph"}
@@ -37,10 +35,13 @@ NO_GRAPH: dict[int | str, dict[str, Any]] = {
 
 @router.post("/count", response_model=int)
 async def count_threads(svc: Svc, tenant: Tenant, body: ThreadCount) -> Response:
-    """How many of the tenant's threads match the metadata and status given."""
+    """How many of the tenant's threads match the metadata, status and values given."""
     found = await svc.store.search_threads(
         tenant, limit=COUNT_PAGE, offset=0, metadata=body.metadata, status=body.status
     )
+    if body.values is not None:
+        wanted = body.values
+        found = [r for r in found if contains(await thread_values(svc, r), wanted)]
     return json_response(len(found))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Annotated, Any
 
@@ -23,10 +24,15 @@ from orchestrator.server.schemas import (
     ThreadId,
     ThreadSearch,
 )
+from orchestrator.server.selection import contains, extracted, picked
 from orchestrator.server.services import Services, Svc, Tenant, json_response
+from orchestrator.server.supersteps import history_graph, write_history
 from orchestrator.server.tenancy import thread_key
 
 router = APIRouter(prefix="/threads", tags=["threads"])
+
+COUNT_PAGE = 1_000_000
+"""Most threads a search or count reads (the whole index of any real tenant)."""
 
 
 async def existing_thread(svc: Services, tenant: str, thread_id: str) -> ThreadRecord:
@@ -44,11 +50,22 @@ async def existing_thread(svc: Services, tenant: str, thread_id: str) -> ThreadR
 
 @router.post("", response_model=Thread, responses=CONFLICT)
 async def create_thread(svc: Svc, tenant: Tenant, body: ThreadCreate) -> Response:
-    """Create a thread (``if_exists``: ``raise`` answers 409, ``do_nothing`` returns it)."""
+    """Create a thread (``if_exists``: ``raise`` answers 409, ``do_nothing`` returns it),
+    with the history of ``supersteps`` if given (written only to a thread it creates)."""
     thread_id = body.thread_id or str(uuid.uuid4())
+    source = history_graph(svc, body.metadata) if body.supersteps else None
     record, created = await svc.store.create_thread(tenant, thread_id, body.metadata)
     if not created and body.if_exists == "raise":
         raise Conflict(f"thread {thread_id} already exists")
+    if created and source is not None and body.supersteps:
+        try:
+            await write_history(svc, source, record, body.supersteps)
+        except BaseException:
+            await svc.checkpointer.adelete_thread(record.key)
+            await svc.store.delete_thread(record.key)
+            raise
+        record = await existing_thread(svc, tenant, thread_id)
+        created = False  # it has values now
     return json_response(
         record.to_api(values=await thread_values(svc, record) if not created else None)
     )
@@ -58,17 +75,28 @@ async def create_thread(svc: Svc, tenant: Tenant, body: ThreadCreate) -> Respons
 async def search_threads(svc: Svc, tenant: Tenant, body: ThreadSearch) -> Response:
     """The tenant's threads matching the metadata, status and ids given, in the order
     asked for (default: the most recently updated first)."""
+    by_values = body.values is not None
     records = await svc.store.search_threads(
         tenant,
-        limit=body.limit,
-        offset=body.offset,
+        # Filtering by values reads every candidate's state: the page is cut after it.
+        limit=COUNT_PAGE if by_values else body.limit,
+        offset=0 if by_values else body.offset,
         metadata=body.metadata,
         status=body.status,
         ids=body.ids,
         sort_by=body.sort_by or "updated_at",
         descending=body.sort_order != "asc",
     )
-    return json_response([r.to_api(values=await thread_values(svc, r)) for r in records])
+    threads = [r.to_api(values=await thread_values(svc, r)) for r in records]
+    if body.values is not None:
+        wanted = body.values
+        threads = [t for t in threads if contains(t["values"], wanted)]
+        threads = threads[body.offset : body.offset + body.limit]
+    if body.extract:
+        threads = [{**t, "extracted": extracted(t, body.extract)} for t in threads]
+    if body.select:  # the extracted values stay: they were asked for too
+        threads = [picked(t, [*body.select, "extracted"]) for t in threads]
+    return json_response(threads)
 
 
 @router.get("/{thread_id}", response_model=Thread, responses=NOT_FOUND)
@@ -81,13 +109,18 @@ async def get_thread(svc: Svc, tenant: Tenant, thread_id: ThreadId) -> Response:
 @router.delete("/{thread_id}", status_code=204, responses=NOT_FOUND)
 async def delete_thread(svc: Svc, tenant: Tenant, thread_id: ThreadId) -> Response:
     """Cancel the thread's runs, delete its checkpoints and its records."""
-    record = await existing_thread(svc, tenant, thread_id)
+    await remove_thread(svc, await existing_thread(svc, tenant, thread_id))
+    return Response(status_code=204)
+
+
+async def remove_thread(svc: Services, record: ThreadRecord) -> None:
+    """Cancel the thread's runs, delete its checkpoints and its records."""
     for run in await svc.store.runs(record.key, limit=10_000, offset=0):
         if not run.done:
-            await svc.runs.cancel(run)
+            with contextlib.suppress(Conflict):  # it finished meanwhile
+                await svc.runs.cancel(run)
     await svc.checkpointer.adelete_thread(record.key)
     await svc.store.delete_thread(record.key)
-    return Response(status_code=204)
 
 
 @router.get("/{thread_id}/state", response_model=ThreadState, responses=NOT_FOUND)
