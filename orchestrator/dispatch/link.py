@@ -20,11 +20,12 @@ class LinkHealth:
         self._since: float | None = None
         self._last: BaseException | None = None
 
-    def failed(self, exc: BaseException) -> None:
-        """A round trip failed (the spell starts now unless one is on)."""
+    def failed(self, exc: BaseException, since: float | None = None) -> None:
+        """A round trip failed: the spell starts unless one is on, when that round trip
+        started (``since``, monotonic: a cut shows as a reply that never came) or now."""
         with self._lock:
             if self._since is None:
-                self._since = time.monotonic()
+                self._since = time.monotonic() if since is None else since
             self._last = exc
 
     def ok(self) -> None:

@@ -281,11 +281,12 @@ class ResultListener:
             wanted = [t for t in dict.fromkeys(task_ids) if t in self._watches]
         if not wanted:
             return
+        tried = time.monotonic()
         try:
             values = await self._client.mget([self._key_for_task(t) for t in wanted])
         except (RedisError, OSError) as exc:  # the sweep reads them again
             log.warning("result %s read failed (%r)", why, exc)
-            self.link.failed(exc)
+            self.link.failed(exc, tried)
             return
         self.link.ok()
         for task_id, raw in zip(wanted, values, strict=True):

@@ -369,7 +369,7 @@ class Publisher:
         return batch.outcomes[call.task_id]
 
     def _too_late(self, calls: Sequence[PreparedCall]) -> ResultTimeout:
-        why = self.link.describe() or "the publication did not finish"
+        why = self.link.describe() or "Redis did not answer in time"
         return ResultTimeout(f"{len(calls)} call(s) not published by the run's deadline: {why}")
 
     def close(self) -> None:
@@ -674,10 +674,11 @@ def _retrying(attempt: Callable[[], Any], window: _Window, link: LinkHealth) -> 
     """
     backoff = _Backoff(window, link)
     while True:
+        tried = time.monotonic()
         try:
             reply = attempt()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            time.sleep(backoff.next_or_raise(exc))
+            time.sleep(backoff.next_or_raise(exc, tried))
         else:
             link.ok()
             return reply
@@ -687,11 +688,12 @@ async def _retrying_async(attempt: Callable[[], Any], window: _Window, link: Lin
     """:func:`_retrying` on an event loop; no attempt outlasts the window."""
     backoff = _Backoff(window, link)
     while True:
+        tried = time.monotonic()
         try:
             async with asyncio.timeout_at(_loop_time(window.until)):
                 reply = await attempt()
         except (redis.ConnectionError, redis.TimeoutError, TimeoutError) as exc:
-            await asyncio.sleep(backoff.next_or_raise(exc))
+            await asyncio.sleep(backoff.next_or_raise(exc, tried))
         else:
             link.ok()
             return reply
@@ -726,8 +728,9 @@ class _Backoff:
         self._link = link
         self._delay = 0.1
 
-    def next_or_raise(self, exc: Exception) -> float:
-        self._link.failed(exc)
+    def next_or_raise(self, exc: Exception, tried: float) -> float:
+        """The delay before the next try after a failed one started at ``tried``."""
+        self._link.failed(exc, tried)
         left = self._window.until - time.monotonic()
         if left <= 0:
             why = self._link.describe() or repr(exc)
