@@ -328,3 +328,25 @@ def test_a_deadline_shorter_than_a_cut_during_the_fan_out_is_kept(
     assert outcome["error"] is not None
     assert outcome["error"].startswith("RunDeadlineExceeded"), outcome["error"]
     assert "Redis" in outcome["error"], outcome["error"]
+
+
+@pytest.mark.parametrize(
+    ("flavour", "before"),
+    [
+        ("sync", 1.0),
+        ("async", None),
+        pytest.param("async", 1.0, marks=pytest.mark.soak),
+        pytest.param("sync", None, marks=pytest.mark.soak),
+    ],
+)
+def test_orchestrator_cut_off_for_3s_answers_every_call(
+    net_fleet: Callable[..., NetFleet], tmp_path: Path, flavour: str, before: float | None
+) -> None:
+    """Given the fan-out under a 60 s run deadline, when the orchestrator is cut off for
+    3 s (from 1 s before the fan-out, or once every call has started), then the run
+    itself answers every call once with its result, none ran twice."""
+    outcome = cut_trial(
+        net_fleet, tmp_path, flavour=flavour, direction="both", cut=3, before=before,
+        seconds=1 if before is not None else 4, deadline=60,
+    )  # fmt: skip
+    assert outcome["error"] is None, outcome["error"]
