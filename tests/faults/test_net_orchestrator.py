@@ -13,6 +13,10 @@ has exactly one ToolMessage with its real result; when it cannot (the cut outlas
 retries) it fails with ``DispatchError`` or the run's deadline error, and resuming the
 thread after the heal answers every call exactly once with its real result: none was
 published and then left without a waiter to collect it.
+
+A run with a deadline rides out any cut shorter than it, sync and async alike; when the
+deadline comes first, ``RunDeadlineExceeded`` names the cut and reaches the caller within
+2 s of the deadline (:data:`DEADLINE_KEPT` allows 3 s on a loaded machine).
 """
 
 from __future__ import annotations
