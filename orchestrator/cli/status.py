@@ -31,7 +31,8 @@ Where each number comes from:
   call finished, so counting them against results means a scan of every call of the
   day, and the broker's ``unacked`` hash also holds calls reserved but not started. A
   worker that does not answer in time is listed as unresponsive, its calls not counted.
-  The replies carry the call's argsrepr (tool, call id, thread id), never its arguments.
+  The replies carry the call's kwargsrepr (tool, call id, thread id) and its arguments
+  masked.
 * **twin workers**: two processes started with one node name share its registry entry
   (and its control queue: only one of them answers), so each also notes its ``host:pid``
   in the name's ``worker-processes`` set; more than one member refreshed within the
@@ -137,7 +138,7 @@ class InFlightCall:
     task_id: str
     worker: str
     call: str
-    """The call's argsrepr: ``(<tool> call=<tool_call_id> thread=<thread id>)``."""
+    """The call's kwargsrepr: ``(<tool> call=<tool_call_id> thread=<thread id> queue=<q>)``."""
     running_for: float | None
 
 
@@ -208,7 +209,7 @@ def collect(settings: Settings, *, app: Celery | None = None, timeout: float = 2
             tool=tool_from_task(str(task.get("name"))) or str(task.get("name")),
             task_id=str(task.get("id")),
             worker=worker,
-            call=str(task.get("args", "")),
+            call=str(task.get("kwargs", "")),
             running_for=round(now - task["time_start"], 1) if task.get("time_start") else None,
         )
         for worker, tasks in sorted(active.items())

@@ -2,7 +2,7 @@
 
 A tool call is one message of Celery's task protocol 2 (documented in Celery's
 *Message Protocol*): headers naming the task, its id and the call's line for Flower
-(``argsrepr``), properties naming the reply channel, and a JSON body ``[args, kwargs,
+(``kwargsrepr``), properties naming the reply channel, and a JSON body ``[args, kwargs,
 embed]`` whose one argument is the :class:`~tool_workers.contract.models.ToolRequest`.
 :func:`task_message` builds it without going through a Celery app: it is pure
 and cheap. Each header it sends has the value ``app.amqp.create_task_message`` gives;
@@ -40,6 +40,7 @@ from tool_workers.contract.signing import sign_request
 
 LEFT_OUT = frozenset(
     {
+        "argsrepr",
         "shadow",
         "eta",
         "group",
@@ -57,8 +58,8 @@ LEFT_OUT = frozenset(
 )
 """Celery's protocol 2 headers a call's message leaves out: each is unset for a tool call
 (no ETA, group, parent, stamps; the task's own time limits; the first try; the result
-kept), and Celery's worker reads each with that default (``expires`` too, sent only with
-a deadline)."""
+kept; the arguments' line, which the worker writes masked), and Celery's worker reads
+each with that default (``expires`` too, sent only with a deadline)."""
 
 EMBED: dict[str, Any] = {}
 """The third item of a protocol 2 body: a tool call has no callbacks, chain or chord (the
@@ -123,13 +124,12 @@ def task_message(call: PreparedCall, reply_to: str, signing_key: str | None = No
         "lang": "py",
         "task": name,
         "id": call.task_id,
-        # Flower and logs show which call this is and where it went, never the arguments
-        # (secrets, size).
-        "argsrepr": (
+        # Flower's kwargs column and the worker log name the call and where it went; the
+        # worker shows the arguments, masked, as the args column (argsrepr: left out).
+        "kwargsrepr": (
             f"({call.tool} call={call.call_id} thread={call.thread_id or '-'} "
             f"queue={call.queue or '-'})"
         ),
-        "kwargsrepr": "{}",
     }
     if call.spec is not None:
         # The schema the model was shown: a worker serving another one hands the call on.

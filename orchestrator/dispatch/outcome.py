@@ -1,7 +1,9 @@
 """Turn what the result backend holds for a call into a ToolResult.
 
-A worker's own result (SUCCESS) carries content, artifact and status. Celery records a
-failure itself when the call never returned: the hard time limit killed it, no worker
+A worker's own result carries content, artifact and status: a SUCCESS's result, or the
+FAILURE of a call that ended in an error result, which carries it
+(:mod:`tool_workers.contract.failed`). Celery records a failure itself when the call
+never returned: the hard time limit killed it, no worker
 knew the task, the worker was lost for good, or the call was revoked.
 
 With a signing key, a worker's result counts only with a valid signature for the call's
@@ -27,6 +29,7 @@ from orchestrator.messages import (
     unreadable_text,
     worker_lost_text,
 )
+from tool_workers.contract.failed import result_of_failure
 from tool_workers.contract.models import ToolResult, ToolSpec, error_text, timeout_text
 from tool_workers.contract.signing import result_problem
 
@@ -55,8 +58,9 @@ LINK_FAILURES = frozenset(
 """Exception types of a failure record that mean the worker's link failed, not the tool.
 
 A tool's own exceptions never reach a failure record (the worker turns them into an
-error result), so a record carrying one of these says the worker could not store the
-call's result: it ran, or may have, and its answer was lost on the way.
+error result, carried by its own failure type), so a record carrying one of these says
+the worker could not store the call's result: it ran, or may have, and its answer was
+lost on the way.
 """
 
 
@@ -79,6 +83,12 @@ def result_from_meta(
     """
     state = meta.get("status")
     payload = meta.get("result")
+    if state == "FAILURE":
+        # A call that ended in an error result is a failed task carrying that result
+        # (tool_workers.contract.failed): read as a success's is.
+        carried = result_of_failure(payload)
+        if carried is not None:
+            state, payload = "SUCCESS", carried
     if state == "SUCCESS":
         if signing_key:
             problem = result_problem(signing_key, task_id, payload)

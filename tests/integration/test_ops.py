@@ -455,15 +455,20 @@ def test_compose_deployment_runs_an_agent_and_is_observable(deployment: dict[str
     thread_ids = {line["thread_id"] for line in calls}
     for task in tasks.values():
         tool = task["name"].removeprefix("tools.")
-        match = re.fullmatch(rf"\({tool} call=(call_\w+) thread=(\S+) queue=(\S+)\)", task["args"])
-        assert match, task["args"]
+        # kwargs name the call; args are its arguments, masked.
+        match = re.fullmatch(
+            rf"\({tool} call=(call_\w+) thread=(\S+) queue=(\S+)\)", task["kwargs"]
+        )
+        assert match, task["kwargs"]
         assert match.group(2) in thread_ids
-        assert task["kwargs"] == "{}"
+        assert task["args"].startswith("(") and task["args"].endswith(")"), task["args"]
         assert task["result"] == "<success>", task["result"]
         assert task["worker"] in nodes
-    # The Tasks page shows those two columns (compose's FLOWER_TASKS_COLUMNS).
+    # The Tasks page shows the arguments, a failure's exception and the worker (compose's
+    # FLOWER_TASKS_COLUMNS).
     page = httpx.get(f"{flower}/tasks", auth=auth, timeout=5).text
-    assert '<th data-column="args">' in page and '<th data-column="result">' in page
+    for column in ("args", "exception", "worker"):
+        assert f'<th data-column="{column}">' in page
 
     # The workers' own metrics count the six calls as successes, across the pools; the
     # orchestrator's /metrics (no token) timed each one.
@@ -509,10 +514,11 @@ def test_compose_deployment_runs_an_agent_and_is_observable(deployment: dict[str
     )
     dispatcher.submit([slow])
     wait_started(settings, slow.task_id, timeout=10)
-    # Flower's worker page asks for active tasks without safe=True: argsrepr all the same.
+    # Flower's worker page asks for active tasks without safe=True: the summaries all the
+    # same (the arguments masked, the call's identity).
     active = app.control.inspect(timeout=5, limit=len(nodes)).active() or {}
-    assert [t["args"] for ts in active.values() for t in ts] == [
-        "(sleep call=status-call thread=status-thread queue=tools)"
+    assert [(t["args"], t["kwargs"]) for ts in active.values() for t in ts] == [
+        ("(seconds=20)", "(sleep call=status-call thread=status-thread queue=tools)")
     ]
     status = subprocess.run(
         [str(BIN / "toolfleet"), "status", "--json"],

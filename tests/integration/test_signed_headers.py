@@ -25,6 +25,7 @@ from orchestrator.dispatch.envelope import redis_envelope, task_message
 from orchestrator.local import WorkerProcess
 from tests.support.fleet import effects, wait_until
 from tool_workers.contract.broker import create_app
+from tool_workers.contract.failed import result_of_failure
 from tool_workers.contract.marker import marker_key
 from tool_workers.contract.models import ToolRequest
 from tool_workers.contract.names import queue_key, reply_channel, task_id_for, task_name
@@ -177,6 +178,9 @@ def test_a_signed_request_replayed_after_its_redelivery_window_is_refused(
         results[issued] = stored(settings, call.task_id, timeout=20)
 
     for meta in results.values():
-        assert meta["result"]["status"] == "error", meta
-        assert "issued" in meta["result"]["content"]
+        # An error result: a failed task carrying the result.
+        assert meta["status"] == "FAILURE", meta
+        result = result_of_failure(meta["result"])
+        assert result is not None and result["status"] == "error", meta
+        assert "issued" in result["content"]
     assert effects(counter, settings, "charge") == {}

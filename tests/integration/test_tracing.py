@@ -47,7 +47,8 @@ def send(app: Celery, tool: str, trace: TraceContext | None, **args: Any) -> str
     app.send_task(task_name(tool), args=[request.model_dump(mode="json")], task_id=task_id)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if app.backend.get_task_meta(task_id).get("status") == "SUCCESS":
+        # A tool error is a failed task (tool_workers.contract.failed).
+        if app.backend.get_task_meta(task_id).get("status") in ("SUCCESS", "FAILURE"):
             return task_id
         time.sleep(0.05)
     raise AssertionError(f"no result for {tool}")

@@ -246,8 +246,8 @@ def test_flower_uses_basic_auth_persistent_state_and_a_private_port() -> None:
 def test_flower_tasks_page_shows_the_call_line_and_its_status(source: str) -> None:
     """Given the flower service (with compose's default, or .env copied from
     config/.env.example), then Flower reads a Tasks page column list from its environment
-    that names only columns Flower has, among them args (the call line) and result
-    (<success>/<error>), which Flower's own default leaves out."""
+    that names only columns Flower has, among them args (the masked arguments), exception
+    (a failed call's) and worker, which Flower's own default does not all show."""
     from flower.options import options
     from flower.views.tasks import visible_task_columns
 
@@ -258,8 +258,8 @@ def test_flower_tasks_page_shows_the_call_line_and_its_status(source: str) -> No
     default = str(options.tasks_columns)  # Flower's default: nothing parsed it here
 
     assert [slug for slug, _ in visible_task_columns(value)] == slugs
-    assert {"args", "result"} <= set(slugs)
-    assert not {"args", "result"} & set(default.split(","))
+    assert {"args", "exception", "worker"} <= set(slugs)
+    assert not {"args", "exception", "worker"} <= set(default.split(","))
 
 
 def test_orchestrator_waits_for_healthy_redis_and_workers() -> None:

@@ -45,8 +45,7 @@ def celerys(made: PreparedCall, reply_to: str, expires: Any = None) -> Any:
         (message,),
         {},
         reply_to=reply_to,
-        argsrepr=f"({made.tool} call={made.call_id} thread={made.thread_id} queue={made.queue})",
-        kwargsrepr="{}",
+        kwargsrepr=f"({made.tool} call={made.call_id} thread={made.thread_id} queue={made.queue})",
         expires=expires,
     )
 

@@ -1,4 +1,5 @@
-"""What Flower and the worker log may show of a call: its identity and status only."""
+"""What Flower and the worker log may show of a call: its masked arguments, identity and
+status, never its result."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from celery.app import trace
 from celery.utils.saferepr import saferepr
 from celery.worker.request import Request
 
-from tool_workers.celery_ext.redaction import SucceededLineFilter, ToolCallRequest, result_summary
+from tool_workers.celery_ext.redaction import (
+    ARGS_CHARS,
+    VALUE_CHARS,
+    SucceededLineFilter,
+    ToolCallRequest,
+    args_summary,
+    result_summary,
+)
 from tool_workers.contract.models import ToolResult
 
 
@@ -69,16 +77,64 @@ def test_task_succeeded_event_carries_the_summary_not_the_result(
     ]
 
 
-def test_inspect_replies_carry_the_argsrepr_whoever_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_inspect_replies_carry_the_summaries_whoever_asks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Flower asks a worker for its active and reserved tasks without safe=True."""
     asked: list[bool] = []
+    body = [{"args": {"pattern": "pw", "token": "t0k"}}]
 
     def info(self: Request, safe: bool = False) -> dict[str, Any]:
         asked.append(safe)
-        return {"args": "(grep call=c1 thread=t1)" if safe else [{"args": {"pattern": "pw"}}]}
+        return {
+            "args": "" if safe else body,
+            "kwargs": "(grep call=c1 thread=t1)" if safe else {},
+        }
 
     monkeypatch.setattr(Request, "info", info)
+    monkeypatch.setattr(Request, "args", property(lambda self: body))
     request = ToolCallRequest.__new__(ToolCallRequest)
 
-    assert request.info() == {"args": "(grep call=c1 thread=t1)"}
+    assert request.info() == {
+        "args": "(pattern='pw', token='***')",
+        "kwargs": "(grep call=c1 thread=t1)",
+    }
     assert asked == [True]
+
+
+def test_args_summary_masks_secret_fields_and_url_passwords_and_cuts_long_values() -> None:
+    args = {
+        "path": "notes.txt",
+        "api_key": "sk-live-123",
+        "headers": {"Authorization": "Bearer abc", "accept": "json"},
+        "url": "postgresql://app:swordfish@db/app",
+        "body": "x" * 500,
+        "n": 3,
+    }
+
+    shown = args_summary(args)
+
+    assert shown.startswith("(path='notes.txt', api_key='***', ")
+    assert len(shown) == ARGS_CHARS and shown.endswith("...)")
+    assert args_summary({"headers": args["headers"]}) == (
+        "(headers={'Authorization': '***', 'accept': 'json'})"[: ARGS_CHARS - 4] + "...)"
+    )
+    assert "Bearer" not in args_summary({"h": args["headers"]})
+    assert args_summary({"u": "redis://a:swordfish@h"}) == "(u='redis://a:***@h')"
+    assert "swordfish" not in args_summary({"url": args["url"]})
+    assert args_summary({"body": args["body"]}) == f"(body='{'x' * (VALUE_CHARS - 3)}...')"
+    assert args_summary({"text": "hi", "n": 2}) == "(text='hi', n=2)"
+    assert args_summary("not a dict") == "(?)"
+
+
+def test_the_request_shows_the_calls_arguments_masked_in_events_and_inspect_replies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The task-received event and the log carry ``argsrepr``; inspect replies ``args``."""
+    request = ToolCallRequest.__new__(ToolCallRequest)
+    body = [{"tool": "login", "args": {"user": "ann", "password": "pw"}}]
+    monkeypatch.setattr(Request, "args", property(lambda self: body))
+    monkeypatch.setattr(
+        Request, "info", lambda self, safe=False: {"args": body if not safe else "", "kwargs": "k"}
+    )
+
+    assert request.argsrepr == "(user='ann', password='***')"
+    assert request.info() == {"args": "(user='ann', password='***')", "kwargs": "k"}

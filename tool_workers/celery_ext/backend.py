@@ -14,7 +14,8 @@ transaction):
   (:func:`tool_workers.contract.names.late_key`), published on the reply channel as a
   late notice, logged and counted: whoever owns the call can learn that it did run.
 * **First answer wins** where there is no fence (RabbitMQ, or a result backend on
-  another Redis than the broker): a state never overwrites a stored SUCCESS, checked
+  another Redis than the broker): a state never overwrites a stored answer (a SUCCESS,
+  or the FAILURE of a call's error result, :mod:`tool_workers.contract.failed`), checked
   and written atomically. A call redelivered after its result was stored cannot
   replace that result.
 * **Published once**, on the *reply channel* of the orchestrator that sent the call
@@ -35,6 +36,7 @@ from celery.backends.redis import RedisBackend
 from kombu.utils.encoding import bytes_to_str
 
 from tool_workers.celery_ext.fence import holding_of, holding_token
+from tool_workers.contract import failed
 from tool_workers.contract.marker import LUA_READ, marker_key
 from tool_workers.contract.names import LATE_FIELD, REPLY_CHANNEL_MARK, late_key, tool_from_task
 from tool_workers.observability.metrics import active as active_metrics
@@ -49,9 +51,9 @@ _STORE = (
     + """
 -- KEYS: the result key, the call's marker, the held hash (or ''), the late-result key.
 -- ARGV: the state (JSON), its lifetime (s, 0: none), the channel to publish it on,
--- the holding token (or ''), the delivery tag, (unused), the opening of a late record
--- ('' for a state that is not the call's outcome).
--- Returns 1 stored, 0 a SUCCESS was there (unfenced), -1 not this attempt's to store,
+-- the holding token (or ''), the delivery tag, the module of a call's failure, the
+-- opening of a late record ('' for a state that is not the call's outcome).
+-- Returns 1 stored, 0 an answer was there (unfenced), -1 not this attempt's to store,
 -- -2 a result not this attempt's to store, kept as the call's late result.
 if ARGV[4] ~= '' then
     local marker = read_marker(KEYS[2])
@@ -79,7 +81,9 @@ else
     local current = redis.call('GET', KEYS[1])
     if current then
         local ok, meta = pcall(cjson.decode, current)
-        if ok and type(meta) == 'table' and meta['status'] == 'SUCCESS' then
+        if ok and type(meta) == 'table' and (meta['status'] == 'SUCCESS' or (
+            meta['status'] == 'FAILURE' and type(meta['result']) == 'table'
+            and meta['result']['exc_module'] == ARGV[6])) then
             return 0
         end
     end
@@ -168,7 +172,7 @@ class ToolfleetRedisBackend(RedisBackend):  # type: ignore[misc]
         outcome = state in (states.SUCCESS, states.FAILURE)
         opening = f'{{"{LATE_FIELD}":{time.time():.3f},"meta":' if outcome else ""
         keys = [key, marker_key(self._key_prefix, task_id), held, late]
-        args = [value, int(expires or 0), channel, token, tag, "", opening]
+        args = [value, int(expires or 0), channel, token, tag, failed.__name__, opening]
         self.ensure(self._run_store, (task_id, keys, args, state, request))
         return encoded
 

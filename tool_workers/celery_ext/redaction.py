@@ -1,21 +1,25 @@
-"""Flower and the worker log show which call ran and how it ended, never its payload.
+"""What Flower and the worker log show of a call: its arguments masked, its identity, and
+how it ended, never its result.
 
-Arguments are kept out at the source: the orchestrator publishes every call with
-``argsrepr="(<tool> call=<tool_call_id> thread=<thread id>)"`` and ``kwargsrepr="{}"``,
-which is what Celery logs and sends in ``task-received`` events (and what Flower shows
-as args/kwargs).
+The orchestrator publishes every call with ``kwargsrepr="(<tool> call=<tool_call_id>
+thread=<thread id> queue=<queue>)"``: Flower's kwargs column names the call. Its args
+column shows the call's arguments as :func:`args_summary` gives them (secret-named
+fields and URL passwords masked, long values cut, the whole at most
+:data:`ARGS_CHARS`): :class:`ToolCallRequest` (the tool tasks' Celery ``Request`` class)
+computes it where Celery logs ``Received task`` and sends ``task-received``.
 
 Workers answering ``inspect active``/``reserved``/``scheduled`` (Flower asks these for
-a worker's page, ``toolfleet status`` for in-flight calls) would list the real
-arguments unless asked with ``safe=True``: :class:`ToolCallRequest` always answers with
-the argsrepr.
+a worker's page, ``toolfleet status`` for in-flight calls) would list the raw arguments
+unless asked with ``safe=True``: :class:`ToolCallRequest` always answers with the
+summaries.
 
 Results need two more stops, because Celery prints ``repr(result)`` (up to the task's
 ``resultrepr_maxsize``, 1024 characters) in two places: the pool's "Task ... succeeded
 in ...: <result>" log line, and the ``result`` field of the ``task-succeeded`` event
-that Flower stores and shows. :class:`ToolCallRequest` (the tool tasks' Celery
-``Request`` class) replaces the event's result with :func:`result_summary`, and
-:class:`SucceededLineFilter` does the same for the log line.
+that Flower stores and shows. :class:`ToolCallRequest` replaces the event's result with
+:func:`result_summary`, and :class:`SucceededLineFilter` does the same for the log line.
+A call that ended in an error result is a failed task
+(:mod:`tool_workers.contract.failed`): Flower shows its exception, a short line.
 """
 
 from __future__ import annotations
@@ -28,10 +32,56 @@ from celery.app import trace
 from celery.worker.request import Request
 
 from tool_workers.compat import celery as celery_compat
+from tool_workers.contract.connections import mask_secrets
 from tool_workers.contract.names import TASK_PREFIX
 from tool_workers.observability import metrics
 
 _STATUS = re.compile(r"'status': '(\w+)'")
+
+ARGS_CHARS = 40
+"""Characters of a call's arguments Flower's args column and the worker log show (the
+Tasks page's default columns fit a 1,600 px screen with it)."""
+
+VALUE_CHARS = 24
+"""Characters of one string argument shown before it is cut."""
+
+SECRET_FIELDS = re.compile(
+    r"pass(word|wd|phrase)?|secret|token|api[-_]?key|auth|credential|cookie|private|session",
+    re.IGNORECASE,
+)
+"""Argument names whose values are never shown (matched anywhere in the name)."""
+
+MASK = "***"
+
+
+def _masked(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            str(k): MASK if SECRET_FIELDS.search(str(k)) else _masked(v) for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [_masked(v) for v in value]
+    if isinstance(value, str):
+        text = mask_secrets(value)
+        return text if len(text) <= VALUE_CHARS else text[: VALUE_CHARS - 3] + "..."
+    return value
+
+
+def args_summary(args: Any) -> str:
+    """A tool call's arguments as Flower and the log show them: ``(path='a.txt', n=3)``.
+
+    Values of secret-named fields (:data:`SECRET_FIELDS`, at any depth) are ``***``,
+    passwords in URLs masked, strings cut at :data:`VALUE_CHARS`, the whole at
+    :data:`ARGS_CHARS`.
+
+    Args:
+        args: The call's arguments (the request's ``args``), a dict from the wire.
+    """
+    if not isinstance(args, dict):
+        return "(?)"
+    shown = _masked(args)
+    line = "(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+    return line if len(line) <= ARGS_CHARS else line[: ARGS_CHARS - 4] + "...)"
 
 
 def result_summary(result_repr: Any) -> str:
@@ -46,15 +96,31 @@ def result_summary(result_repr: Any) -> str:
 
 
 class ToolCallRequest(Request):  # type: ignore[misc]
-    """Celery's task request, showing argsrepr and a result summary, never the payload.
+    """Celery's task request, showing masked arguments and a result summary, never the
+    payload.
 
     It also counts, for the worker's metrics, the calls whose pool process could not
     report how they ended (hard time limit, process lost).
     """
 
+    _shown_args: str | None = None
+
+    @property
+    def argsrepr(self) -> str:
+        """The call's arguments, masked and cut (:func:`args_summary`)."""
+        if self._shown_args is None:
+            body = self.args
+            request = body[0] if isinstance(body, (list, tuple)) and body else None
+            self._shown_args = args_summary(
+                request.get("args") if isinstance(request, dict) else None
+            )
+        return self._shown_args
+
     def info(self, safe: bool = False) -> dict[str, Any]:
-        # What inspect replies carry: the argsrepr whoever asks.
-        return dict(super().info(safe=True))
+        # What inspect replies carry: the summaries whoever asks.
+        info = dict(super().info(safe=True))
+        info["args"] = self.argsrepr
+        return info
 
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False

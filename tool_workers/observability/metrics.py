@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from celery import signals
 
 from tool_workers.contract.errors import ConfigError
+from tool_workers.contract.failed import ToolCallFailed
 from tool_workers.contract.models import ErrorKind
 from tool_workers.contract.names import tool_from_task
 from tool_workers.contract.settings import Settings
@@ -222,6 +223,9 @@ def returned_outcome(state: str | None, retval: Any) -> str | None:
         return None
     if state == "RETRY":
         return "retry"
+    if state == "FAILURE" and isinstance(retval, ToolCallFailed):
+        retval = retval.result  # an error result, raised so that Flower lists it failed
+        state = "SUCCESS"
     if state != "SUCCESS" or not isinstance(retval, dict):
         return "failure"
     kind = retval.get("error_kind")

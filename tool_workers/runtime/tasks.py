@@ -3,7 +3,9 @@
 The task body decodes the request, decides whether this delivery may run (a call that
 comes back after its worker died is a redelivery: non-idempotent tools are not run
 again), runs the tool, and retries transient failures through Celery so every attempt
-shows in Flower.
+shows in Flower. A call that ends in an error result ends as a failed task carrying that
+result (:mod:`tool_workers.contract.failed`): Flower lists it under Failed, and the
+orchestrator reads the result as it reads a success's.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tool_workers.celery_ext.fence import (
     start_args,
 )
 from tool_workers.contract.broker import RESTORE_INTERVAL, visibility_timeout
+from tool_workers.contract.failed import ToolCallFailed, failure_of, result_of_failure
 from tool_workers.contract.marker import marker_key
 from tool_workers.contract.models import (
     PROTOCOL_VERSION,
@@ -128,6 +131,9 @@ def _register(
         reject_on_worker_lost=True,
         # Task events (Flower) carry the result's status, not the result.
         Request="tool_workers.celery_ext.redaction:ToolCallRequest",
+        # An error result is raised as a failed task (Flower's Failed tab): expected, so
+        # Celery logs it in one line, without a traceback, and never retries it.
+        throws=(ToolCallFailed,),
         # Celery passes the result's repr from the pool process back for its log line
         # and event, where only the status is shown: its start is enough.
         resultrepr_maxsize=RESULT_REPR_CHARS,
@@ -136,6 +142,15 @@ def _register(
         shared=False,
     )
     def run_tool(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        result = answer(self, *args, **kwargs)
+        if result.get("status") == "error":
+            # Stored and published as the task's FAILURE, the result riding along
+            # (tool_workers.contract.failed): the caller reads it as a success's.
+            raise failure_of(result)
+        return result
+
+    def answer(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The call's result (wire form, sealed): the task body but for how it ends."""
         worker = self.request.hostname or ""
         raw = args[0] if args else kwargs.get("request")
         if signing_key:
@@ -386,10 +401,13 @@ def _check_delivery(
     if crashes <= 0:
         return None
     stored = task.backend.get_task_meta(task_id)
-    if stored.get("status") == "SUCCESS" and isinstance(stored.get("result"), dict):
+    finished = stored.get("result") if stored.get("status") == "SUCCESS" else None
+    if stored.get("status") == "FAILURE":
+        finished = result_of_failure(stored.get("result"))
+    if isinstance(finished, dict):
         # The call finished but its acknowledgement was lost: hand back the same result.
         log.warning("call %s to %s already finished; returning its stored result", task_id, tool)
-        return dict(stored["result"])
+        return dict(finished)
     if not policy.idempotent:
         log.error("refused redelivered call %s to non-idempotent tool %s", task_id, tool)
         return ToolResult.error(
