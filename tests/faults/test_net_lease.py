@@ -32,6 +32,7 @@ from tests.support.fleet import wait_started
 from tests.support.hosts import HostWorker
 from tests.support.net_fleet import NetFleet
 from tool_workers.contract.broker import create_app
+from tool_workers.contract.failed import result_of_failure
 
 SHORT_POLICY = Path(__file__).resolve().parent / "net_short_policy.toml"
 
@@ -122,7 +123,9 @@ def test_a_non_idempotent_call_of_a_cut_off_worker_is_answered_once_and_not_run_
     assert answered < 30, answered
     assert fleet.effects(task_id) == ["start", "end"]  # ran once, on the cut-off worker
     stored = stored_result(fleet, task_id)
-    assert stored["result"]["error_kind"] == "redelivered", stored
+    # An error result is stored as a failed task carrying it (tool_workers.contract.failed).
+    assert stored["status"] == "FAILURE", stored
+    assert (result_of_failure(stored["result"]) or {}).get("error_kind") == "redelivered", stored
     assert fleet.seconds_to_pong(victim) < 10
 
 
