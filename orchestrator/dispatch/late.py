@@ -157,14 +157,17 @@ class LostCalls:
             self._signing_key,
         )
         self.heard_count += 1
-        log.warning(
-            "call %s to %s (thread %s) was answered %s; its result came late: %s",
-            late.call_id or task_id,
-            late.tool or "?",
-            late.thread_id,
-            late.answered or "as lost",
-            late.status,
-        )
+        if late.answered is not None:
+            log.warning(
+                "call %s to %s (thread %s) was answered %s; its result came late: %s",
+                late.call_id,
+                late.tool,
+                late.thread_id,
+                late.answered,
+                late.status,
+            )
+        else:  # not answered as lost here: another attempt's result was the answer
+            log.info("a stale attempt's result of call %s came after another's answer", task_id)
         calls_log.info(
             "tool call result came late",
             extra={

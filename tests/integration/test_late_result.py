@@ -151,3 +151,21 @@ def test_a_thread_without_calls_answered_as_lost_has_no_late_results(
     lost.answered(call, ToolResult(content="paid"))
     io.shutdown(wait=True)
     assert late_results(client, settings.key_prefix, THREAD) == []
+
+
+def test_a_late_notice_of_a_call_not_answered_as_lost_here_is_handed_on_unnamed(
+    settings: Settings, client: redis.Redis
+) -> None:
+    """Given a late notice of a call this process did not answer as lost (an idempotent
+    call rerun elsewhere, or one another process sent), then the hooks still get it, by
+    task id, without a call id or an answer it was not given."""
+    io = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    lost = LostCalls(client, settings.key_prefix, 600, io)
+    heard: list[LateResult] = []
+    lost.on_late(heard.append)
+    meta = {"status": "SUCCESS", "result": {"content": "slept 3"}, "task_id": "t-x"}
+    lost.heard(json.dumps({"late_at": 1.0, "meta": meta}).encode())
+    io.shutdown(wait=True)
+    assert [(h.task_id, h.call_id, h.answered, h.content) for h in heard] == [
+        ("t-x", None, None, "slept 3")
+    ]
