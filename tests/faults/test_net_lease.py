@@ -136,9 +136,12 @@ DIED = ("Unrecoverable error", "consumer is not running")
 """What a worker's log says when its consumer died (Celery's line, and toolfleet's)."""
 
 
-def serves_or_exited(fleet: NetFleet, worker: HostWorker, within: float) -> str:
-    """Wait up to ``within`` s for ``worker`` to answer a ping and run a new call
-    (``"serving"``), or to have exited (``"exited"``); raises if it is neither: a zombie."""
+def serves_or_exited(
+    fleet: NetFleet, worker: HostWorker, within: float, *, new_call: bool = True
+) -> str:
+    """Wait up to ``within`` s for ``worker`` to answer a ping and (``new_call``) run a
+    new call (``"serving"``), or to have exited (``"exited"``); raises if it is neither:
+    a zombie."""
     assert worker.process is not None
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
@@ -148,6 +151,8 @@ def serves_or_exited(fleet: NetFleet, worker: HostWorker, within: float) -> str:
             answered = fleet.app.control.ping(destination=[worker.hostname], timeout=0.5)
         except Exception:  # the broker link of the test process is fine; retry anyway
             answered = []
+        if answered and not new_call:
+            return "serving"
         if answered:
             probe = AgentRun(fleet.settings, "step", {"seconds": 0.1}).start()
             assert probe.result(timeout=within).content == "slept 0.1"
@@ -159,30 +164,36 @@ def serves_or_exited(fleet: NetFleet, worker: HostWorker, within: float) -> str:
 
 
 def beyond_lease_trial(make_fleet: Callable[..., NetFleet], cut: float) -> dict[str, float]:
-    """One worker cut off (both ways) 1 s into a 5 s call for ``cut`` s, longer than its
-    lease: after the heal the call is answered, and the worker serves again within
-    seconds, its consumer alive throughout."""
+    """Two workers; the one running a 5 s call is cut off (both ways) 1 s into it for
+    ``cut`` s, longer than its lease, so the call is handed on to the other: after the
+    heal the call is answered, and the cut-off worker serves again within seconds (the
+    other is stopped first, so the new call can only be its), its consumer alive
+    throughout."""
     fleet = make_fleet()
-    worker = fleet.start_worker("w1", pool="prefork", concurrency=2, events=True)
+    first = fleet.start_worker("w1", pool="prefork", concurrency=2, events=True)
+    second = fleet.start_worker("w2", pool="prefork", concurrency=2, events=True)
     run = AgentRun(fleet.settings, "step", {"seconds": 5}).start()
-    wait_started(fleet.settings, run.task_id)
+    started = wait_started(fleet.settings, run.task_id)
+    victim, other = (first, second) if started["hostname"] == first.hostname else (second, first)
     time.sleep(1)
 
-    host = fleet.net.hosts["w1"]
-    fleet.net.cut(host, "both")
+    fleet.net.cut(victim.host, "both")
     try:
         time.sleep(cut)
     finally:
         fleet.net.heal()
     healed = time.monotonic()
 
-    state = serves_or_exited(fleet, worker, SERVES_WITHIN)
+    state = serves_or_exited(fleet, victim, SERVES_WITHIN, new_call=False)
     back = time.monotonic() - healed
     message = run.result(timeout=120)  # answered, whichever attempt's answer it is
-    assert worker.log_file is not None
-    log = worker.log_file.read_text(errors="replace")
+    fleet.warm_shutdown(other)
+    if state == "serving":
+        state = serves_or_exited(fleet, victim, SERVES_WITHIN)
+    assert victim.log_file is not None
+    log = victim.log_file.read_text(errors="replace")
     died = [line for line in log.splitlines() if any(text in line for text in DIED)]
-    print(f"\n[cut {cut:g}s beyond the lease] {state} {back:.1f}s after the heal; "
+    print(f"\n[cut {cut:g}s beyond the lease] {state} (a ping) {back:.1f}s after the heal; "
           f"the call: {message.status}")  # fmt: skip
     assert not died, "\n".join(died) + "\n" + log[-4000:]
     assert state == "serving", log[-4000:]
