@@ -18,9 +18,9 @@ COPY orchestrator ./orchestrator
 COPY tool_workers ./tool_workers
 COPY config ./config
 # The runtime extras: ops (Flower), postgres (checkpointer), server (toolfleet serve),
-# metrics (Prometheus), otel (OpenTelemetry API); not dev or bench, which are for
-# working on toolfleet.
-RUN pip install '.[ops,postgres,server,metrics,otel]'
+# metrics (Prometheus), otel (OpenTelemetry API), mcp (MCP servers' tools on workers,
+# toolfleet mcp, serve's /mcp); not dev or bench, which are for working on toolfleet.
+RUN pip install '.[ops,postgres,server,metrics,otel,mcp]'
 
 # Not root: tools run as this user. (The compose sandbox-worker alone runs as root with
 # four capabilities, so that model-written code runs as nobody, apart from every process
