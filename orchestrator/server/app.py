@@ -30,10 +30,13 @@ from redis.exceptions import RedisError
 from orchestrator import fairshare
 from orchestrator.agent import async_checkpointer
 from orchestrator.dispatch.fleet import dispatcher_for
+from orchestrator.server import late as late_records
 from orchestrator.server import mcp, openapi
 from orchestrator.server.assistant_store import AssistantStore
 from orchestrator.server.auth import TokenAuth
 from orchestrator.server.connections import ConnectionGuard, ConnectionLimits, connection_cap
+from orchestrator.server.cronbeat import CronBeat
+from orchestrator.server.cronstore import CronStore
 from orchestrator.server.errors import RequestRefused
 from orchestrator.server.eventlog import BLOCK_MS, EventLog, EventRelay
 from orchestrator.server.graph import AgentProvider, resolve_model
@@ -46,6 +49,7 @@ from orchestrator.server.routes import (
     assistant_edits,
     assistant_graphs,
     assistants,
+    crons,
     metrics,
     run_batches,
     runs,
@@ -101,6 +105,11 @@ def create_app(
             registry = metrics.attach(app, svc, label_key=key).registry
             if svc.runs.webhooks is not None:
                 registry.register(svc.runs.webhooks.deliveries)
+            keys = Keys(settings.key_prefix)
+            cron_store = CronStore(svc.redis, keys)
+            beat = CronBeat(settings, keys, svc.redis, cron_store, svc.runs.start_run)
+            app.state.cron_beat = beat
+            beat.start()
             log.info(
                 "toolfleet service up: replica %s, redis %s, checkpointer %s, %s",
                 replica,
@@ -110,7 +119,10 @@ def create_app(
                 if auth.enabled
                 else "NO AUTH",
             )
-            yield
+            try:
+                yield
+            finally:
+                await beat.close()
 
     app = FastAPI(
         title="toolfleet",
@@ -126,6 +138,7 @@ def create_app(
         assistants.router,
         assistant_edits.router,
         assistant_graphs.router,
+        crons.router,
         thread_edits.router,
         thread_stream.router,
         threads.router,
@@ -202,6 +215,7 @@ async def _services(
         )
         await relay.start()
         await manager.start()
+        forget_late = late_records.install(dispatcher.lost, store, asyncio.get_running_loop())
         try:
             if agent is not None:
                 await agent.get()
@@ -217,6 +231,7 @@ async def _services(
                 assistants,
             )
         finally:
+            forget_late()
             await manager.close()
             await webhooks.close()
             await relay.close()

@@ -42,5 +42,5 @@ async def info() -> dict[str, Any]:
     """Server version and the protocol features it implements."""
     return {
         "version": version("toolfleet"),
-        "flags": {"assistants": True, "crons": False, "store": False, "langsmith": False},
+        "flags": {"assistants": True, "crons": True, "store": False, "langsmith": False},
     }
