@@ -63,6 +63,9 @@ def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
         **broker,
         "result_backend_transport_options": backend_transport,
         "broker_connection_retry_on_startup": True,
+        # A worker reconnects however long the cut: Celery's default gives up after 100
+        # attempts (about 6 minutes at one a second) and its consumer stops for good.
+        "broker_connection_max_retries": None,
         "redis_backend_health_check_interval": max(1, round(timeout / 2)),
         "redis_socket_keepalive": True,
         "redis_socket_timeout": timeout,
