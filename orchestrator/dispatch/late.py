@@ -109,9 +109,11 @@ class LostCalls:
         self.heard_count = 0
         """Late notices heard by this process."""
 
-    def on_late(self, hook: Callable[[LateResult], None]) -> None:
-        """Call ``hook`` with each late result heard (from the listener's thread)."""
+    def on_late(self, hook: Callable[[LateResult], None]) -> Callable[[], None]:
+        """Call ``hook`` with each late result heard (from the listener's thread); the
+        function returned removes it."""
         self._hooks.append(hook)
+        return lambda: self._hooks.remove(hook) if hook in self._hooks else None
 
     def answered(self, call: PreparedCall, result: ToolResult) -> None:
         """``call`` was answered with ``result``: noted when it says the call was lost."""

@@ -7,19 +7,25 @@ network-fault trial is :mod:`tests.faults.test_net_late_result`.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import time
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 from rich.console import Console
 
 from orchestrator.call import PreparedCall
 from orchestrator.cli.late import run_late
 from orchestrator.dispatch.late import LATE_OPENING, LateResult, LostCalls, late_results
+from orchestrator.server import late as late_records
+from orchestrator.server.keys import Keys
+from orchestrator.server.store import Store
 from tool_workers.celery_ext.fence import HOLDING_HEADER, held_key
 from tool_workers.contract.broker import create_app
 from tool_workers.contract.marker import marker_key
@@ -169,3 +175,45 @@ def test_a_late_notice_of_a_call_not_answered_as_lost_here_is_handed_on_unnamed(
     assert [(h.task_id, h.call_id, h.answered, h.content) for h in heard] == [
         ("t-x", None, None, "slept 3")
     ]
+
+
+def test_a_served_threads_late_result_is_listed_in_its_metadata_once(
+    settings: Settings, client: redis.Redis
+) -> None:
+    """Given a thread of the HTTP service whose call was answered as lost, when the late
+    result is heard (twice: a notice and, say, a replay), then the thread's metadata lists
+    it once, with its call id, beside the metadata the thread had."""
+
+    async def scenario() -> dict[str, Any]:
+        strings = aioredis.Redis.from_url(settings.backend_url, decode_responses=True)
+        store = Store(strings, Keys(settings.key_prefix), run_ttl=600, thread_ttl=600)
+        io = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        lost = LostCalls(client, settings.key_prefix, 600, io)
+        forget = late_records.install(lost, store, asyncio.get_running_loop())
+        try:
+            record, _ = await store.create_thread("alpha", "t-served", {"owner": "me"})
+            call = PreparedCall(
+                tool="pay", call_id="c-5", args={}, task_id="t-5", thread_id=record.key
+            )
+            lost.answered(call, ToolResult.error("redelivered", "may have partially run"))
+            meta = {"status": "SUCCESS", "result": {"content": "paid 5"}, "task_id": "t-5"}
+            notice = json.dumps({"late_at": 2.0, "meta": meta}).encode()
+            for _ in range(2):
+                await asyncio.to_thread(lost.heard, notice)
+                await asyncio.sleep(0.2)
+            thread = await store.thread(record.key)
+            assert thread is not None
+            return dict(thread.metadata)
+        finally:
+            forget()
+            io.shutdown(wait=True)
+            await strings.aclose()
+
+    metadata = asyncio.run(scenario())
+    assert metadata["owner"] == "me"
+    (listed,) = metadata[late_records.METADATA_KEY]
+    assert (listed["call_id"], listed["answered"], listed["content"]) == (
+        "c-5",
+        "redelivered",
+        "paid 5",
+    )
