@@ -7,11 +7,13 @@ serve`` and ``langgraph dev``, their answers compared."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.api_pair import ApiPair, api_pair, shape, status_of
@@ -252,3 +254,27 @@ def test_checkpoint_during_false_saves_only_the_end(pair: ApiPair) -> None:
 
     assert ours == theirs
     assert ours[0] < ours[1]
+
+
+def test_join_cancels_on_disconnect(pair: ApiPair) -> None:
+    """Given a run in its tool call, when a client joins it with
+    ``cancel_on_disconnect`` and leaves before the end, then the run is cancelled
+    (``interrupted``) on both servers; without it, leaving a join leaves the run going."""
+
+    async def scenario(c: Any) -> list[str]:
+        statuses = []
+        for cancel in (False, True):
+            tid, rid = await _running(c)
+            url = f"/threads/{tid}/runs/{rid}/join"
+            params = {"cancel_on_disconnect": "true"} if cancel else {}
+            with contextlib.suppress(httpx.ReadTimeout):
+                await c.http.client.get(url, params=params, timeout=1.0)
+            await asyncio.sleep(3)  # time for the server to notice the client left
+            statuses.append((await c.runs.get(tid, rid))["status"])
+            if not cancel:
+                await c.runs.cancel(tid, rid)
+        return statuses
+
+    ours, theirs = pair.both(scenario)
+
+    assert ours == theirs == ["running", "interrupted"]

@@ -130,9 +130,18 @@ async def delete_run(svc: Svc, tenant: Tenant, thread_id: ThreadId, run_id: RunI
 
 
 @router.get("/threads/{thread_id}/runs/{run_id}/join", responses=NOT_FOUND)
-async def join_run(svc: Svc, tenant: Tenant, thread_id: ThreadId, run_id: RunId) -> Any:
-    """Wait until the run is done; answer with the thread's values."""
-    run = await svc.runs.wait_done(await svc.runs.get_run(tenant, thread_id, run_id))
+async def join_run(
+    svc: Svc,
+    tenant: Tenant,
+    thread_id: ThreadId,
+    run_id: RunId,
+    request: Request,
+    cancel_on_disconnect: bool = False,
+) -> Any:
+    """Wait until the run is done; answer with the thread's values. With
+    ``cancel_on_disconnect``, a client that leaves first cancels the run."""
+    run = await svc.runs.get_run(tenant, thread_id, run_id)
+    run = await _wait_done(svc, run, request, cancel_on_disconnect=cancel_on_disconnect)
     return json_response(await _final_values(svc, run))
 
 
@@ -243,17 +252,25 @@ async def _start_waiting(
     svc: Services, tenant: str, thread_id: str | None, body: RunCreate, request: Request
 ) -> Response:
     run = await svc.runs.start_run(tenant, thread_id, body)
+    cancel = body.on_disconnect == "cancel"
+    run = await _wait_done(svc, run, request, cancel_on_disconnect=cancel)
+    return json_response(await _final_values(svc, run), headers=run_locations(run))
+
+
+async def _wait_done(
+    svc: Services, run: RunRecord, request: Request, *, cancel_on_disconnect: bool
+) -> RunRecord:
+    """The run once it is done; a client that leaves first cancels it if asked to."""
     waiter = asyncio.create_task(svc.runs.wait_done(run))
     try:
         while not waiter.done():
             await asyncio.wait({waiter}, timeout=1.0)
-            if body.on_disconnect == "cancel" and await request.is_disconnected():
+            if cancel_on_disconnect and await request.is_disconnected():
                 svc.runs.cancel_soon(run)
                 break
-        run = await waiter
+        return await waiter
     finally:
         waiter.cancel()
-    return json_response(await _final_values(svc, run), headers=run_locations(run))
 
 
 async def _final_values(svc: Services, run: RunRecord) -> Any:
