@@ -349,3 +349,9 @@ def span_attributes(values: dict[str, Any]) -> dict[str, str | int]:
         for key, value in values.items()
         if value is not None and value != ""
     }
+
+
+# Its field types are defined after it: built here, at import, rather than by the first
+# validation, which two threads of a worker's threads pool may run at once (pydantic
+# 2.11.0 fails one of them).
+ToolRequest.model_rebuild()
