@@ -271,6 +271,9 @@ def test_two_replicas_fire_each_tick_once_and_survive_a_kill(
         assert len(later) >= 2, later
         assert {r["replica"] for r in later}.isdisjoint(holders), later
         assert survivor.delete(f"/runs/crons/{cron['cron_id']}").status_code == 204
+        started = time.monotonic()
+        servers[1 - holder].stop()  # the lock's holder now: it releases it and stops
+        assert time.monotonic() - started < 15.0  # its beat's sleep, not the stop's grace
     finally:
         stack.close()
         for server in servers:
