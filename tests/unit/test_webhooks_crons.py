@@ -128,3 +128,14 @@ def test_a_tick_of_a_stateless_cron_is_a_run_that_keeps_or_deletes_its_thread() 
     assert run_request({**doc, "on_run_completed": None}).on_completion == "delete"
     assert run_request({**doc, "thread_id": "t1"}).on_completion is None
     assert to_api({**doc, "end_time": "2000-01-01T00:00:00+00:00"})["next_run_date"] is None
+
+
+def test_a_placeholder_webhook_secret_is_refused_at_start() -> None:
+    """Given ``TOOLFLEET_WEBHOOK_SECRET`` left at an example's placeholder, then serve
+    refuses to start naming it, as for the other secrets."""
+    from tool_workers.contract.errors import ConfigError
+    from tool_workers.contract.placeholders import refuse_placeholders
+
+    refuse_placeholders(Settings(webhook_secret="a-secret-of-its-own-0123"))
+    with pytest.raises(ConfigError, match="TOOLFLEET_WEBHOOK_SECRET"):
+        refuse_placeholders(Settings(webhook_secret="change-me-to-a-long-random-hex-string"))

@@ -88,6 +88,8 @@ def placeholder_variables(
         yield "a token in TOOLFLEET_API_TOKENS"
     if settings.signing_key is not None and is_placeholder(settings.signing_key):
         yield "TOOLFLEET_SIGNING_KEY"
+    if settings.webhook_secret is not None and is_placeholder(settings.webhook_secret):
+        yield "TOOLFLEET_WEBHOOK_SECRET"
     logins = (environ or {}).get("FLOWER_BASIC_AUTH", "")
     for login in filter(None, (part.strip() for part in logins.split(","))):
         _, _, password = login.partition(":")
