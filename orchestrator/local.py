@@ -207,6 +207,7 @@ class WorkerProcess:
         self.loglevel = loglevel
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self._terminated = False
 
     @property
     def pid(self) -> int:
@@ -304,13 +305,22 @@ class WorkerProcess:
             os.killpg(self.pid, signal.SIGKILL)
         self.process.wait(timeout=10)
 
+    def terminate(self) -> None:
+        """Begin a warm shutdown (SIGTERM) and return at once; :meth:`stop` waits for it."""
+        if self.process is None or self.process.poll() is not None or self._terminated:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        self._terminated = True
+
     def stop(self, grace: float = 10.0) -> None:
-        """Warm shutdown (SIGTERM); SIGKILL after ``grace`` seconds."""
+        """Warm shutdown (SIGTERM, unless :meth:`terminate` sent it); SIGKILL after
+        ``grace`` seconds."""
         if self.process is None:
             return
         if self.process.poll() is None:
             try:
-                os.kill(self.pid, signal.SIGTERM)
+                self.terminate()
                 self.process.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 pass

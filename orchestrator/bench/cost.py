@@ -433,6 +433,30 @@ def _raw_run(app: Any, turns: int, width: int) -> None:
                 raise RuntimeError(f"raw Celery noop returned {value!r}")
 
 
+def raw_worker_for(
+    fleet: BenchFleet, settings: Settings, *, pool: str, concurrency: int
+) -> RawCeleryWorker:
+    """The bare Celery app's worker for the scenario of ``settings`` (not started yet).
+
+    Raises:
+        RuntimeError: the server is not Redis (INFO and the bare app need it), or the
+            results go to another server.
+    """
+    url = fleet.broker_url
+    if not url.startswith(("redis://", "rediss://")):
+        raise RuntimeError("the cost scenario needs a Redis broker (it reads INFO)")
+    if settings.backend_url != url:
+        raise RuntimeError("the cost scenario needs results on the broker's server")
+    return RawCeleryWorker(
+        settings,
+        url=url,
+        prefix=f"{settings.namespace or 'bench'}-raw:",
+        pool=pool,
+        concurrency=concurrency,
+        log_file=fleet.workdir / "raw-worker.log",
+    )
+
+
 def run_cost(
     fleet: BenchFleet,
     settings: Settings,
@@ -444,6 +468,9 @@ def run_cost(
     pool: str = "prefork",
     concurrency: int = 4,
     idle_seconds: float = 2.0,
+    settle: float = SETTLE,
+    workers: Sequence[WorkerProcess] = (),
+    raw_worker: RawCeleryWorker | None = None,
 ) -> dict[str, Any]:
     """Measure a call's cost for each contender with ``runs`` concurrent runs.
 
@@ -457,34 +484,34 @@ def run_cost(
         pool: Pool type of both fleets' workers.
         concurrency: Pool size of both fleets' workers.
         idle_seconds: Length of the window with no calls.
+        settle: Seconds the counters keep running after each window (:data:`SETTLE`).
+        workers: Running toolfleet workers of ``settings`` to measure (of ``pool`` and
+            ``concurrency``; left running); without them one is started and stopped.
+        raw_worker: The bare app's worker (:func:`raw_worker_for`), already started so
+            that it boots while something else runs (whoever started it stops it).
+            Without it one is started and stopped.
 
     Raises:
         RuntimeError: the server is not Redis (INFO and the bare app need it), the results
             go to another server, or a worker did not start.
     """
     url = fleet.broker_url
-    if not url.startswith(("redis://", "rediss://")):
-        raise RuntimeError("the cost scenario needs a Redis broker (it reads INFO)")
-    if settings.backend_url != url:
-        raise RuntimeError("the cost scenario needs results on the broker's server")
-    prefix = f"{settings.namespace or 'bench'}-raw:"
-    raw_worker = RawCeleryWorker(
-        settings,
-        url=url,
-        prefix=prefix,
-        pool=pool,
-        concurrency=concurrency,
-        log_file=fleet.workdir / "raw-worker.log",
-    )
-    toolfleet_workers: list[WorkerProcess] = []
+    own_workers: list[WorkerProcess] = []
+    if raw_worker is None:
+        raw_worker = raw_worker_for(fleet, settings, pool=pool, concurrency=concurrency)
+        raw_worker.start()
+        own_workers.append(raw_worker)
+    prefix = raw_worker.prefix
+    toolfleet_workers = list(workers)
     runner = Runner()
     gang = Gang(runs)
     raw_app = create_raw_app(url, prefix)
     meter: Meter | None = None
     try:
-        # Both fleets start together: the raw worker boots while toolfleet's is awaited.
-        raw_worker.start()
-        toolfleet_workers = fleet.start_workers(settings, 1, pool=pool, concurrency=concurrency)
+        if not toolfleet_workers:
+            # Both fleets start together: the raw worker boots while toolfleet's is awaited.
+            toolfleet_workers = fleet.start_workers(settings, 1, pool=pool, concurrency=concurrency)
+            own_workers += toolfleet_workers
         raw_worker.wait_ready(timeout=90)
         dispatcher = fleet.dispatcher(settings)
         calls = [("echo", {"text": ECHO_TEXT})] * width
@@ -530,7 +557,7 @@ def run_cost(
         for warm_up in contenders_of(1).values():
             warm_up()
         work = contenders_of(turns)
-        time.sleep(SETTLE)  # the warm-up's last acknowledgements are no idle traffic
+        time.sleep(settle)  # the warm-up's last acknowledgements are no idle traffic
         idle = meter.idle(idle_seconds)
         usage = {name: Usage() for name in CONTENDERS}
         per_round: dict[str, list[float]] = {name: [] for name in CONTENDERS}
@@ -538,7 +565,7 @@ def run_cost(
             # The order rotates: no contender always follows the same one.
             order = CONTENDERS[round_ % len(CONTENDERS) :] + CONTENDERS[: round_ % len(CONTENDERS)]
             for name in order:
-                window = meter.measure(work[name])
+                window = meter.measure(work[name], settle)
                 usage[name] = usage[name] + window
                 per_round[name].append(window.calls / window.seconds if window.seconds else 0.0)
     finally:
@@ -547,8 +574,8 @@ def run_cost(
         if meter is not None:
             meter.close()
         _close_raw_app(raw_app)
-        raw_worker.stop(grace=10)
-        fleet.stop_workers(toolfleet_workers)
+        # Both fleets stop together (a warm shutdown each).
+        fleet.stop_workers(own_workers)
     contenders = {
         name: {
             **per_call(usage[name], WORKER_GROUPS[name]),

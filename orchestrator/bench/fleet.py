@@ -15,6 +15,8 @@ import os
 import platform
 import sys
 import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,9 @@ class BenchFleet:
         self.server: EmbeddedRedis | None = None
         self.base: Settings | None = None
         self.workers: list[WorkerProcess] = []
+        self.others: list[WorkerProcess] = []
+        """Worker processes of other apps (raw Celery's) to stop with the fleet; their CPU
+        is not the fleet's."""
         self.dispatchers: list[CeleryDispatcher] = []
         self._server_pid = 0
 
@@ -110,18 +115,27 @@ class BenchFleet:
             self.dispatchers.append(dispatcher)
         return dispatcher
 
-    def stop_workers(self, workers: list[WorkerProcess]) -> None:
-        """Stop these workers (warm shutdown, then SIGKILL of their own session)."""
+    def stop_workers(self, workers: Sequence[WorkerProcess]) -> None:
+        """Stop these workers, all at once (warm shutdown, then SIGKILL of their own
+        session)."""
+        if workers:
+            with ThreadPoolExecutor(len(workers), thread_name_prefix="bench-stop") as pool:
+                list(pool.map(lambda worker: worker.stop(grace=10), workers))
         for worker in workers:
-            worker.stop(grace=10)
             if worker in self.workers:
                 self.workers.remove(worker)
+
+    def begin_stop(self) -> None:
+        """Begin every worker's warm shutdown without waiting (:meth:`close` waits)."""
+        for worker in [*self.workers, *self.others]:
+            worker.terminate()
 
     def close(self) -> None:
         """Stop every worker and the server this fleet started; drop the run's keys."""
         close_all()
         self.dispatchers.clear()
-        self.stop_workers(list(self.workers))
+        self.stop_workers([*self.workers, *self.others])
+        self.others.clear()
         if self.server is not None:
             self.server.stop()
             self.server = None

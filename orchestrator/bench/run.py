@@ -31,7 +31,7 @@ from typing import Any
 
 from rich.console import Console
 
-from orchestrator.bench.cost import run_cost
+from orchestrator.bench.cost import SETTLE, RawCeleryWorker, raw_worker_for, run_cost
 from orchestrator.bench.fanout import run_dispatch_cost, run_fanout
 from orchestrator.bench.fleet import BenchFleet, load_average, machine_info
 from orchestrator.bench.latency import run_latency
@@ -46,19 +46,9 @@ from orchestrator.bench.report import (
     write_json,
     write_plot,
 )
+from orchestrator.bench.scenarios import NOT_QUICK, SCENARIOS
 from orchestrator.bench.targets import targets
 from orchestrator.cli.progress import cli_console, elapsed
-
-SCENARIOS = {
-    "a": "latency",
-    "b": "fanout",
-    "c": "throughput",
-    "d": "memory",
-    "e": "scale",
-    "f": "links",
-    "g": "cost",
-}
-"""Scenario ids of the issue and their names (``--only`` takes either)."""
 
 REPORT_SCHEMA = 1
 
@@ -103,6 +93,10 @@ class Plan:
     cost_pool: str = "prefork"
     cost_concurrency: int = 4
     cost_idle_seconds: float = 2.0
+    cost_settle: float = SETTLE
+    cost_shared: bool = False
+    """Measure the cost on the run's own workers (and start the bare app's worker with
+    them), instead of on a fleet of the scenario's own started after the others."""
     bound: float = 300.0
     """Seconds any one scenario may run before it is abandoned and reported as an error."""
 
@@ -114,15 +108,15 @@ QUICK = Plan(
     latency_iterations=10,
     latency_warmup=2,
     fanout_sizes=(1, 10, 50),
-    fanout_seconds=0.2,
+    fanout_seconds=0.1,
     fanout_repeats=1,
-    dispatch_repeats=2,
+    dispatch_repeats=1,
     throughput_runs=4,
-    throughput_seconds=0.5,
+    throughput_seconds=0.3,
     throughput_warmup=0.2,
     throughput_rounds=1,
     memory_calls=100,
-    memory_seconds=1.0,
+    memory_seconds=0.5,
     scale_concurrency=2,
     scale_calls=16,
     scale_seconds=0.1,
@@ -136,14 +130,15 @@ QUICK = Plan(
     cost_rounds=1,
     cost_pool="threads",
     cost_concurrency=2,
-    cost_idle_seconds=0.5,
+    cost_idle_seconds=0.3,
+    cost_settle=0.2,
+    cost_shared=True,
     bound=60.0,
 )
-"""Seconds-long: every scenario once at a tiny size, but scale and links (they start
-hosts and workers of their own: tens of seconds on their own; run without ``--quick``)."""
-
-NOT_QUICK = ("scale", "links")
-"""Scenarios ``--quick`` leaves out unless ``--only`` names them."""
+"""Seconds-long: every scenario once at a tiny size on one worker that all of them share
+(the bare Celery app's worker boots beside it), but scale and links
+(they start hosts and workers of their own: tens of seconds on their own; run without
+``--quick``). Every ratio is still measured against raw Celery in the same run."""
 
 
 def select(only: str | None, quick: bool = False) -> list[str]:
@@ -171,8 +166,13 @@ def run_bench(
     use_settings: bool = False,
     scenarios: Iterable[str] = SCENARIOS.values(),
     console: Console | None = None,
+    on_report: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the scenarios against a fleet this call starts and stops; return the report."""
+    """Run the scenarios against a fleet this call starts and stops; return the report.
+
+    ``on_report`` gets the finished report while the workers shut down (their warm
+    shutdown takes a second or two: the report is printed meanwhile).
+    """
     console = console or cli_console()
     wanted = list(scenarios)
     report: dict[str, Any] = {
@@ -191,9 +191,28 @@ def run_bench(
         )
         main = fleet.settings("main")
         main_workers = []
-        if any(name not in OWN_WORKERS for name in wanted):
+        # The cost scenario on the run's workers, when no scenario that wants the
+        # machine to itself runs before it.
+        shared_cost = (
+            plan.cost_shared
+            and "cost" in wanted
+            and not any(name in OWN_WORKERS for name in wanted if name != "cost")
+        )
+        raw_worker: RawCeleryWorker | None = None
+        if any(name not in OWN_WORKERS for name in wanted) or shared_cost:
+            if shared_cost:
+                try:
+                    raw_worker = raw_worker_for(
+                        fleet, main, pool="threads", concurrency=plan.fleet_concurrency
+                    )
+                except RuntimeError:
+                    shared_cost = False  # the scenario reports why on its own
+                else:
+                    raw_worker.start()  # it boots beside toolfleet's, stops with it
+                    fleet.others.append(raw_worker)
             console.print(
                 f"starting {plan.fleet_workers} worker(s), threads pool of {plan.fleet_concurrency}"
+                + (", and raw Celery's" if raw_worker is not None else "")
             )
             main_workers = fleet.start_workers(
                 main, plan.fleet_workers, concurrency=plan.fleet_concurrency
@@ -253,18 +272,21 @@ def run_bench(
             ),
             "cost": lambda: run_cost(
                 fleet,
-                fleet.settings("cost"),
+                main if shared_cost else fleet.settings("cost"),
                 runs=plan.cost_runs,
                 turns=plan.cost_turns,
                 width=plan.cost_width,
                 rounds=plan.cost_rounds,
-                pool=plan.cost_pool,
-                concurrency=plan.cost_concurrency,
+                pool="threads" if shared_cost else plan.cost_pool,
+                concurrency=plan.fleet_concurrency if shared_cost else plan.cost_concurrency,
                 idle_seconds=plan.cost_idle_seconds,
+                settle=plan.cost_settle,
+                workers=main_workers if shared_cost else (),
+                raw_worker=raw_worker,
             ),
         }
         for name in wanted:
-            if name in OWN_WORKERS:
+            if name in OWN_WORKERS and not (shared_cost and name == "cost"):
                 # These scenarios' workers get the machine to themselves.
                 fleet.stop_workers(main_workers)
                 main_workers = []
@@ -279,8 +301,11 @@ def run_bench(
             report["scenarios"][name] = result
             console.print(f"scenario {name} done in {result['elapsed']:.1f} s")
         report["leaks"] = leaks(fleet.dispatchers)
-    report["machine"]["loadavg_end"] = load_average()
-    report["targets"] = targets(report)
+        report["machine"]["loadavg_end"] = load_average()
+        report["targets"] = targets(report)
+        fleet.begin_stop()
+        if on_report is not None:
+            on_report(report)
     return report
 
 
@@ -302,13 +327,30 @@ def main(
     scenarios = select(only, quick)
     if plot_path is not None:
         require_matplotlib()
+
+    def show(report: dict[str, Any]) -> None:
+        _show(report, quick, console, json_path, plot_path, markdown_path)
+
     report = run_bench(
         QUICK if quick else FULL,
         quick=quick,
         use_settings=use_settings,
         scenarios=scenarios,
         console=console,
+        on_report=show,
     )
+    return 1 if any("error" in s for s in report["scenarios"].values()) else 0
+
+
+def _show(
+    report: dict[str, Any],
+    quick: bool,
+    console: Console,
+    json_path: Path | None,
+    plot_path: Path | None,
+    markdown_path: Path | None,
+) -> None:
+    """Print the report's tables; write its JSON, plot and Markdown where asked."""
     machine = report["machine"]
     console.print(
         f"\n[bold]toolfleet bench[/] {'(quick) ' if quick else ''}on {machine['cores']} cores, "
@@ -327,4 +369,3 @@ def main(
         markdown_path.parent.mkdir(parents=True, exist_ok=True)
         markdown_path.write_text(markdown(report), encoding="utf-8")
         console.print(f"wrote {markdown_path}")
-    return 1 if any("error" in s for s in report["scenarios"].values()) else 0

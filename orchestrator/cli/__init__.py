@@ -14,6 +14,8 @@ from typing import Annotated
 
 import typer
 
+from orchestrator.bench.scenarios import listing, quick_listing
+
 app = typer.Typer(
     name="toolfleet",
     help="Run a LangChain/LangGraph agent's tool calls on a fleet of Celery workers.",
@@ -146,7 +148,11 @@ def late(
 @app.command()
 def bench(
     quick: Annotated[
-        bool, typer.Option(help="A tiny version of scenarios a-d and g (seconds; for CI).")
+        bool,
+        typer.Option(
+            help=f"A tiny version of scenarios {quick_listing()}, on one shared worker "
+            "(seconds; for CI). --only still runs any scenario."
+        ),
     ] = False,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the results as JSON here.")
@@ -163,7 +169,7 @@ def bench(
     ] = False,
     only: Annotated[
         str | None,
-        typer.Option(help="Scenarios to run, comma-separated: a-g or latency, fanout, ..."),
+        typer.Option(help=f"Scenarios to run, comma-separated ids or names: {listing()}."),
     ] = None,
 ) -> None:
     """Measure toolfleet against a local ToolNode and raw Celery; print the results."""
