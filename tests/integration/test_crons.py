@@ -248,7 +248,7 @@ def test_two_replicas_fire_each_tick_once_and_survive_a_kill(
         created = sorted(datetime.fromisoformat(r["created_at"]).timestamp() for r in runs)
         gaps = [b - a for a, b in itertools.pairwise(created)]
         assert 3 <= len(runs) <= 7, runs  # about 11 / 2 ticks
-        assert min(gaps) > 1.0, gaps  # never two runs of one tick
+        assert min(gaps) > 0.5, gaps  # never two runs of one tick (those come ms apart)
         holders = {r["replica"] for r in runs}
         assert len(holders) == 1, holders  # the lock's holder fires them all
         holder = next(i for i, s in enumerate(servers) if _replica_of(s, holders))
