@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
 from langchain_core.messages import ToolMessage
 from mcp.server.session import ServerSession
 from mcp.types import (
@@ -25,6 +26,9 @@ from mcp.types import (
     ResourceLink,
     TextContent,
 )
+
+_END = object()
+"""Marks the end of a relay's queue."""
 
 
 def call_result(output: Any) -> CallToolResult:
@@ -114,16 +118,16 @@ class ProgressRelay:
         return self
 
     async def __aexit__(self, *_: object) -> None:
-        while not self._queue.empty():
-            await self._send(self._queue.get_nowait())
+        # Everything queued goes out before the answer: the pump ends at the mark, never
+        # cancelled in the middle of a notification.
+        self._queue.put_nowait(_END)
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with anyio.CancelScope(shield=True):
                 await self._task
 
     async def _pump(self) -> None:
-        while True:
-            await self._send(await self._queue.get())
+        while (payload := await self._queue.get()) is not _END:
+            await self._send(payload)
 
     async def _send(self, payload: Any) -> None:
         self._count += 1
