@@ -29,7 +29,7 @@ from orchestrator.tools import discover_tools
 PAYLOAD = {"messages": [("user", "go")]}
 RUN_CONFIG = {"recursion_limit": 100_000}
 SYNC_RUN_CONFIG = {**RUN_CONFIG, "max_concurrency": 1024}
-"""Sync runs take LangGraph's ``max_concurrency`` as the README says (its default pool,
+"""Sync runs take LangGraph's ``max_concurrency`` as docs/concepts.md says (its default pool,
 ``min(32, cpu + 4)`` threads, would run a fan-out in waves)."""
 
 

@@ -381,7 +381,7 @@ def print_tables(report: dict[str, Any], console: Console) -> None:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    """The report's tables as Markdown (the README's Performance section shows them)."""
+    """The report's tables as Markdown (docs/performance.md shows them)."""
     lines: list[str] = []
     for title, headers, rows in sections(report):
         lines += [f"**{title}**", "", "| " + " | ".join(headers) + " |"]

@@ -272,7 +272,7 @@ def sample(
     directory: Annotated[Path, typer.Argument(help="Where to write the sample project.")],
 ) -> None:
     """Write the demo's sample project: point TOOLFLEET_WORKSPACE_ROOT at it to get the
-    README's sample output from your own workers."""
+    sample output of the docs (docs/http-service.md) from your own workers."""
     from orchestrator.cli.errors import fail
     from orchestrator.sample import seed_workspace
     from tool_workers.contract.errors import ConfigError

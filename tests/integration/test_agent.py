@@ -67,7 +67,7 @@ def test_calls_run_on_workers_in_call_order(fleet: Settings, mode: str) -> None:
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_fan_out_is_parallel(fleet: Settings, mode: str) -> None:
     """Given 24 calls of a 0.5 s tool (more than LangGraph's 6 sync threads by default),
-    when run (sync: with ``max_concurrency`` in the run config, as the README says), then
+    when run (sync: with ``max_concurrency`` in the run config, as docs/concepts.md says), then
     they overlap: far below the 12 s a serial run takes."""
     calls = [("sleep_for", {"seconds": 0.5, "label": str(i)}) for i in range(24)]
     dispatcher = dispatcher_for(settings=fleet)

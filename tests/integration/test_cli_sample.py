@@ -1,4 +1,5 @@
-"""`toolfleet sample DIR`: the demo's sample project, so the README's output reproduces."""
+"""`toolfleet sample DIR`: the demo's sample project, so the output shown in
+docs/http-service.md reproduces."""
 
 from __future__ import annotations
 

@@ -350,8 +350,8 @@ def test_deep_agent_keeps_its_filesystem_when_the_fleet_serves_tools_of_the_same
     builtin_fleet: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Given the default workers (whose read_file, write_file and grep clash with Deep
-    Agents' file tools) and the README's Deep Agents agent, when the model writes and
-    reads /notes.md and lists the workspace, then /notes.md is in Deep Agents' state
+    Agents' file tools) and the Deep Agents agent of docs/ecosystem.md, when the model
+    writes and reads /notes.md and lists the workspace, then /notes.md is in Deep Agents' state
     filesystem, the model was bound to Deep Agents' file tools and offered the fleet's
     other tools, list_dir ran on a worker, and each clash was logged as a warning."""
     from deepagents import create_deep_agent

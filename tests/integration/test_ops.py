@@ -719,10 +719,10 @@ def test_status_counts_calls_waiting_on_a_queue_no_worker_consumes(
 
 
 def readme_acl(namespace: str) -> list[str]:
-    """The arguments of the README's ``ACL SETUSER`` line: the default one, or the one for
-    ``TOOLFLEET_NAMESPACE=blue``."""
-    readme = (REPO / "README.md").read_text().splitlines()
-    lines = [line for line in readme if line.startswith("ACL SETUSER toolfleet ")]
+    """The arguments of the documented ``ACL SETUSER`` line (docs/deployment.md): the
+    default one, or the one for ``TOOLFLEET_NAMESPACE=blue``."""
+    page = (REPO / "docs" / "deployment.md").read_text().splitlines()
+    lines = [line for line in page if line.startswith("ACL SETUSER toolfleet ")]
     (line,) = [line for line in lines if ("~blue:*" in line) == (namespace == "blue")]
     return line.split()[3:]
 
@@ -731,7 +731,7 @@ def readme_acl(namespace: str) -> list[str]:
 def test_readme_acl_lets_workers_orchestrator_status_and_events_work(
     namespace: str, tmp_path: Path, start_worker: Callable[..., WorkerProcess]
 ) -> None:
-    """Given a Redis user restricted by the README's ACL line, when a worker with events,
+    """Given a Redis user restricted by the documented ACL line, when a worker with events,
     an orchestrator, `toolfleet status` and an event receiver (as Flower) use it, then
     all of them work and the server logs no denied access."""
     with EmbeddedRedis(tmp_path / "redis") as server:

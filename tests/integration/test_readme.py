@@ -1,4 +1,5 @@
-"""Every Python code block of README.md runs, as written, against a real fleet.
+"""Every Python code block of README.md and of the docs (docs/**/*.md) runs, as written,
+against a real fleet.
 
 A block that opens with a ``# <path>.py`` comment is a file: it is written there, in a
 project directory the workers import from. Every other block is executed, with only
@@ -6,11 +7,12 @@ what cannot exist here swapped for what does: a real provider's model
 (``model="provider:name"``, or the free name ``model``) becomes a scripted model, and the
 HTTP service's address and token become those of a ``toolfleet serve`` started for the
 test. A block defining a ``graph`` it does not run (a graph file for ``toolfleet serve
---config``) gets one turn run. A block the README marks
+--config``) gets one turn run. A block a page marks
 ``<!-- readme-test: not runnable (why) -->`` on the line before it is skipped by name,
-and the list of such blocks must stay the one below.
+and the list of such blocks must stay the one below. Blocks are named
+``<page>:<line>`` (``README.md:48``, ``docs/quickstart.md:60``).
 
-The fleet: one worker serving the built-in toolset plus the README's own tool module,
+The fleet: one worker serving the built-in toolset plus the pages' own tool modules,
 with the shipped policy file, on a workspace seeded with the demo's sample project.
 """
 
@@ -40,9 +42,10 @@ from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(180)
 
-README = REPO / "README.md"
-NOT_RUNNABLE: set[int] = set()
-"""Line numbers of blocks the README marks not runnable here (keep this empty or tiny)."""
+PAGES = (REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")))
+"""The README and every page of the documentation site."""
+NOT_RUNNABLE: set[str] = set()
+"""Blocks (``<page>:<line>``) a page marks not runnable here (keep this empty or tiny)."""
 
 _BLOCK = re.compile(r"^```python\n(?P<code>.*?)^```", re.M | re.S)
 _MARK = re.compile(r"<!-- readme-test: not runnable \((?P<why>[^)]+)\) -->\s*$")
@@ -66,11 +69,16 @@ _PROVIDER_MODEL = re.compile(rf"""["'](?:{"|".join(_PROVIDERS)}):[\w.\-]+["']"""
 
 @dataclass(frozen=True)
 class Block:
-    """One ``python`` code block of the README."""
+    """One ``python`` code block of a page."""
 
+    page: str
     line: int
     code: str
     not_runnable: str | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.page}:{self.line}"
 
     @property
     def file(self) -> str | None:
@@ -78,15 +86,20 @@ class Block:
         return match["path"] if match else None
 
 
-def readme_blocks() -> list[Block]:
-    text = README.read_text(encoding="utf-8")
+def page_blocks(path: Path) -> list[Block]:
+    text = path.read_text(encoding="utf-8")
+    page = path.relative_to(REPO).as_posix()
     blocks = []
     for match in _BLOCK.finditer(text):
         before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         mark = _MARK.search(before)
         line = text.count("\n", 0, match.start()) + 1
-        blocks.append(Block(line, match["code"], mark["why"] if mark else None))
+        blocks.append(Block(page, line, match["code"], mark["why"] if mark else None))
     return blocks
+
+
+def readme_blocks() -> list[Block]:
+    return [block for path in PAGES for block in page_blocks(path)]
 
 
 BLOCKS = readme_blocks()
@@ -119,7 +132,7 @@ class ReadmeModel(ScriptedChatModel):
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The user's project directory: the README's file blocks are written here."""
+    """The user's project directory: the pages' file blocks are written here."""
     root = tmp_path_factory.mktemp("readme-project")
     for block in BLOCKS:
         if block.file is not None:
@@ -137,7 +150,7 @@ def _module(path: str) -> str:
 def readme_fleet(
     redis_url: str, project: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Settings]:
-    """A worker serving the built-in toolset and the README's tool modules."""
+    """A worker serving the built-in toolset and the pages' tool modules."""
     workdir = tmp_path_factory.mktemp("readme-fleet")
     modules = ("tool_workers.builtin", *(_module(b.file) for b in BLOCKS if b.file))
     settings = fleet_settings(
@@ -165,7 +178,8 @@ def readme_fleet(
 def readme_server(
     readme_fleet: Settings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    """`toolfleet serve` with its default (scripted) model, as the README starts it."""
+    """`toolfleet serve` with its default (scripted) model, as the HTTP service page starts
+    it."""
     server = start_server(
         readme_fleet, tmp_path_factory.mktemp("readme-server"), "readme", model=None
     )
@@ -184,14 +198,27 @@ def fleet_env(readme_fleet: Settings, monkeypatch: pytest.MonkeyPatch) -> Settin
 
 
 def test_every_block_is_runnable_or_marked_with_its_reason() -> None:
-    """Given the README, then its Python blocks are there, and only the blocks listed in
-    NOT_RUNNABLE carry the not-runnable mark (with a reason)."""
+    """Given the README and the docs, then their Python blocks are there, and only the
+    blocks listed in NOT_RUNNABLE carry the not-runnable mark (with a reason)."""
+    pages = {b.page for b in BLOCKS}
+    assert "README.md" in pages and any(page.startswith("docs/") for page in pages), pages
     assert len(BLOCKS) >= 4
-    assert {b.line for b in BLOCKS if b.not_runnable} == NOT_RUNNABLE
+    assert {b.name for b in BLOCKS if b.not_runnable} == NOT_RUNNABLE
+
+
+def test_no_python_block_escapes_the_walk() -> None:
+    """Given every page, then each ```python fence starts a line (an indented one, in a
+    list or an admonition, would not be run), and no two pages write the same file."""
+    for path in PAGES:
+        text = path.read_text(encoding="utf-8")
+        fences = re.findall(r"^[ \t>]*```python\b", text, re.M)
+        assert len(fences) == len(page_blocks(path)), f"{path}: an indented python block"
+    files = [b.file for b in BLOCKS if b.file is not None]
+    assert len(files) == len(set(files)), files
 
 
 def test_readme_tool_modules_are_served(readme_fleet: Settings) -> None:
-    """Given the README's tool module blocks, then the worker serves their tools."""
+    """Given the pages' tool module blocks, then the worker serves their tools."""
     from orchestrator import discover_tools, dispatcher_for
 
     names = {t.name for t in discover_tools(dispatcher=dispatcher_for(settings=readme_fleet))}
@@ -201,7 +228,7 @@ def test_readme_tool_modules_are_served(readme_fleet: Settings) -> None:
 @pytest.mark.parametrize(
     "block",
     [b for b in BLOCKS if b.file is None and b.not_runnable is None],
-    ids=lambda b: f"README.md:{b.line}",
+    ids=lambda b: b.name,
 )
 def test_readme_block_runs(
     block: Block,
@@ -209,8 +236,9 @@ def test_readme_block_runs(
     readme_server: ServerProcess,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Given a README block, when it runs with the scripted model and the loopback
-    service, then it raises nothing, and every tool call the model made succeeded."""
+    """Given a block of the README or the docs, when it runs with the scripted model and
+    the loopback service, then it raises nothing, and every tool call the model made
+    succeeded."""
     model = ReadmeModel()
     (token,) = readme_server.settings.api_tokens
     code = _PROVIDER_MODEL.sub("model", block.code)
@@ -218,7 +246,7 @@ def test_readme_block_runs(
     code = code.replace('api_key="s3cret"', f"api_key={token!r}")
 
     namespace: dict[str, Any] = {"model": model, "__name__": "readme"}
-    exec(compile(code, f"README.md:{block.line}", "exec"), namespace)
+    exec(compile(code, block.name, "exec"), namespace)
     if not model.seen and isinstance(namespace.get("graph"), Pregel):
         # A graph file (served by `toolfleet serve --config`): run one turn of its graph.
         namespace["graph"].invoke({"messages": [("user", "Survey the workspace.")]})

@@ -1,8 +1,9 @@
 """Heterogeneous fleets: every call reaches a worker that serves its tool.
 
-Workers of different kinds share the README's queue (``-Q tools``); two versions of one
-tool are live at once during a rolling upgrade; a call that still reaches a worker that
-does not serve it (a stale route, a hand-published message) is handed on.
+Workers of different kinds share the quick start's queue (``-Q tools``, docs/quickstart.md);
+two versions of one tool are live at once during a rolling upgrade; a call that still
+reaches a worker that does not serve it (a stale route, a hand-published message) is
+handed on.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def test_two_worker_kinds_on_one_queue_answer_every_call(
     start_worker: Callable[..., Any],
     broker_settings: dict[str, Any],
 ) -> None:
-    """Given the README's two-kinds setup (one worker serving the built-in toolset and one
+    """Given the quick start's two-kinds setup (one worker serving the built-in toolset and one
     serving the project's own tools, both started with ``-Q tools``), when three rounds of
     six ``add`` and six ``echo`` calls run, then all 36 are answered by a worker that
     serves them, and ``toolfleet status`` shows each tool on its own queue and kind."""

@@ -2,7 +2,8 @@
 
 With ``TOOLFLEET_SIGNING_KEY`` set, the orchestrator signs every request it publishes
 and the worker every result it returns; each side refuses what arrives unsigned or
-mis-signed (see the README's trust model). Without the key nothing is signed or checked.
+mis-signed (see the trust model in docs/guarantees.md). Without the key nothing is signed
+or checked.
 
 What is signed is the canonical JSON (sorted keys, no spaces, ASCII) of a small
 envelope: what the signature is for (``request`` or ``result``), the call's task id,
