@@ -31,8 +31,9 @@ SECRETS = {
     "TOOLFLEET_SIGNING_KEY": "5f0c9e7a2b4d6e8f1a3c5e7b9d0f2a4c",
 }
 TOOLFLEET_SERVICES = ("tool-worker", "sandbox-worker", "flower", "orchestrator")
-NOT_IN_IMAGE = {"dev", "bench"}
-"""Extras for working on toolfleet (tests, benchmarks), not for running it."""
+NOT_IN_IMAGE = {"dev", "bench", "docs"}
+"""Extras for working on toolfleet (tests, benchmarks, the documentation site), not for
+running it."""
 
 
 def pyproject() -> dict[str, Any]:
@@ -277,7 +278,14 @@ def test_every_setting_reaches_the_services_and_is_documented() -> None:
     on and config/.env.example lists it, as it lists every variable compose reads."""
     settings = {f"TOOLFLEET_{name.upper()}" for name in Settings.model_fields}
     shared = load_compose()["x-toolfleet-env"]
-    orchestrator_only = {"TOOLFLEET_API_TOKENS"}  # a secret the workers need not see
+    # Secrets and settings of the HTTP service the workers need not see.
+    orchestrator_only = {
+        "TOOLFLEET_API_TOKENS",
+        "TOOLFLEET_WEBHOOK_ALLOWED_HOSTS",
+        "TOOLFLEET_WEBHOOK_SECRET",
+        "TOOLFLEET_WEBHOOK_TIMEOUT",
+        "TOOLFLEET_WEBHOOK_ATTEMPTS",
+    }
     example = env_example()
 
     assert settings - orchestrator_only <= set(shared), settings - set(shared)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -332,7 +333,7 @@ def test_assistant_search_sorts_by_the_field_and_order_asked_for() -> None:
 
     def order(**sort: Any) -> list[str]:
         search = search_assistants(svc, "tenant", AssistantSearch(**sort))  # type: ignore[arg-type]
-        answer = asyncio.run(search)
+        answer = json.loads(bytes(asyncio.run(search).body))
         return [a["graph_id"] for a in answer]
 
     assert order() == ["a", "b", "c"]
