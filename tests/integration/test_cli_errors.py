@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -197,19 +198,35 @@ def test_a_wait_says_what_it_waits_for_and_ctrl_c_exits_130(tmp_path: Path, redi
             "TOOLFLEET_NAMESPACE": f"tft-wait-{os.getpid()}",
         },
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
     )
-    try:
-        import time
+    lines: list[str] = []
+    said = threading.Event()
 
-        time.sleep(6)
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            if "waiting up to 30 s for workers" in line:
+                said.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        # A generous bound on a loaded machine: the line comes as the wait begins.
+        said.wait(timeout=60)
         process.send_signal(2)  # SIGINT, as Ctrl-C sends it
-        out, err = process.communicate(timeout=30)
+        process.wait(timeout=30)
+        reader.join(timeout=10)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+        reader.join(timeout=10)
+        if process.stdout is not None:
+            process.stdout.close()
+    out, err = "".join(lines), ""
 
     assert "waiting up to 30 s for workers" in out + err, out + err
     assert process.returncode == 130, out + err

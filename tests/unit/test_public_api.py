@@ -17,7 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def public_names(package: types.ModuleType) -> set[str]:
-    """Names bound in the package that are neither private, submodules nor __future__ flags."""
+    """Names bound in the package that are neither private, submodules nor __future__ flags
+    (the orchestrator's are bound on first use: each is looked up first)."""
+    for name in getattr(package, "_HOMES", ()):
+        getattr(package, name)
     return {
         name
         for name, value in vars(package).items()
@@ -78,3 +81,16 @@ def test_given_fresh_interpreter_when_tool_workers_imported_then_no_celery_app_b
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_given_orchestrator_import_then_no_heavy_library_is_loaded() -> None:
+    """Importing the package (as the ``toolfleet`` command does first) loads neither
+    LangChain, LangGraph nor Celery: Ctrl-C in a command's first moments meets no import."""
+    code = (
+        "import sys, orchestrator.cli; "
+        "print(sorted(m for m in ('langchain', 'langgraph', 'celery', 'kombu', 'redis') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
