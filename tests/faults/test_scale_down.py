@@ -24,8 +24,9 @@ from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(150)
 POLICY = Path(__file__).with_name("k8s_policy.toml")
-RUNNING = 8.0
-"""Seconds each call runs: the ones running at SIGTERM must finish on their worker."""
+RUNNING = 20.0
+"""Seconds each call runs: the ones running at SIGTERM must finish on their worker, and
+must still be running once worker B has booted (which takes seconds on a loaded machine)."""
 
 
 def test_sigterm_hands_prefetched_calls_to_other_workers_at_once(
@@ -69,6 +70,7 @@ def test_sigterm_hands_prefetched_calls_to_other_workers_at_once(
         assert len(running_on_a) == 2
         b.start()
         b.wait_ready()
+        assert _started_on(settings, held, a) == running_on_a, "A started a fetched call early"
         term = time.monotonic()
         os.kill(a.pid, signal.SIGTERM)
         waiting = [c for c in held if c.task_id not in running_on_a]
