@@ -9,19 +9,22 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
+from celery.worker import state as worker_state
 
 from tool_workers.celery_ext.backend import _STORE
 from tool_workers.celery_ext.fence import (
+    HOLDING_HEADER,
     START_SCRIPT,
     held_key,
     holding_token,
     parse_start,
     start_args,
 )
-from tool_workers.celery_ext.lease import Lease, held_entry, leases_key
+from tool_workers.celery_ext.lease import Lease, held_entry, leases_key, stop_stale_calls
 from tool_workers.contract.marker import CallMarker, marker_key
 from tool_workers.contract.settings import Settings
 
@@ -280,3 +283,40 @@ def test_a_refusal_before_the_start_is_stored_only_while_its_delivery_is_held(
     assert sorted(survivor.tick()) == ["task-1", "task-2"]  # neither acknowledged yet
     assert store(client, "task-2", '{"status": "SUCCESS"}', fence_2, held, "tag-2") == -1
     client.delete("store-test:task-1", "store-test:task-2")
+
+
+class Running:
+    """A running call as the consumer sees it (Celery's Request: id, request_dict)."""
+
+    def __init__(self, task: str, held: str, tag: str) -> None:
+        self.id = task
+        self.request_dict = {HOLDING_HEADER: [held, tag]}
+        self.stopped: list[str] = []
+
+    def terminate(self, pool: Any, signal: str | None = None) -> None:
+        self.stopped.append(str(signal))
+
+
+def test_after_a_lapse_a_call_another_attempt_starts_later_is_stopped_here(
+    client: redis.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a call running here under a lease that lapsed while no other attempt had
+    started it (and the worker's own record of the delivery dropped, as a reconnect drops
+    it), when another attempt starts the call after the heal, then the next check stops
+    the execution here; before that, it runs on."""
+    lease = make_lease(client, settings)
+    held, tag, task = lease.held, "7", f"call-{time.monotonic_ns()}"
+    marker = marker_key(settings.key_prefix, task)
+    client.set(marker, json.dumps({"n": 1, "f": holding_token(held, tag)}))
+    running = Running(task, held, tag)
+    monkeypatch.setattr(worker_state, "active_requests", {running})
+    lease.tick()  # registered
+    client.zrem(leases_key(settings.key_prefix), lease.id)  # swept while cut off
+    lease.tick()  # the lapse is seen
+
+    stop_stale_calls(lease, pool=None)
+    assert running.stopped == []  # no other attempt yet: it may still answer here
+
+    client.set(marker, json.dumps({"n": 2, "f": "another-lease|3"}))
+    stop_stale_calls(lease, pool=None)
+    assert running.stopped == ["SIGKILL"]

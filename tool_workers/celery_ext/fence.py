@@ -48,7 +48,11 @@ def holding_token(held: str, tag: str) -> str:
 
 def holding_of(request: Any) -> tuple[str, str] | None:
     """The ``(held key, delivery tag)`` the worker noted on a call's delivery, if any."""
-    value = getattr(request, HOLDING_HEADER, None) if request is not None else None
+    return holding_in(getattr(request, HOLDING_HEADER, None) if request is not None else None)
+
+
+def holding_in(value: Any) -> tuple[str, str] | None:
+    """The ``(held key, delivery tag)`` of a :data:`HOLDING_HEADER` value, if it is one."""
     if (
         isinstance(value, (list, tuple))
         and len(value) == 2

@@ -35,7 +35,7 @@ from typing import Any
 import redis
 from celery.worker import state as worker_state
 
-from tool_workers.celery_ext.fence import held_key, holding_token
+from tool_workers.celery_ext.fence import HOLDING_HEADER, held_key, holding_in, holding_token
 from tool_workers.contract.connections import redis_client
 from tool_workers.contract.marker import LUA_READ, CallMarker, marker_key
 from tool_workers.contract.settings import Settings
@@ -171,6 +171,10 @@ class Lease:
         # delivery tag -> (lease id it was taken under, task id)
         self._holding: dict[str, tuple[str, str]] = {}
         self._to_stop: list[str] = []
+        # Until then (monotonic), the executions here are checked against their calls'
+        # markers each tick: set when a lapse is seen, for the visibility timeout, so a
+        # rerun that starts after the heal still stops the stale execution here.
+        self._watch_until = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._renew = client.register_script(_RENEW)
@@ -315,8 +319,26 @@ class Lease:
         """
         self._sweeps_from = time.monotonic() + self.ttl
 
+    def watching(self) -> bool:
+        """Whether a lapse was seen lately (the running calls may have reruns elsewhere)."""
+        return time.monotonic() < self._watch_until
+
+    def taken_over(self, tokens: dict[str, str]) -> list[str]:
+        """Of the calls running here (task id -> this execution's holding token), those
+        another attempt has started since (their marker names another holding)."""
+        if not tokens:
+            return []
+        markers = self.client.mget([marker_key(self.key_prefix, task) for task in tokens])
+        taken = []
+        for (task, token), raw in zip(tokens.items(), markers, strict=True):
+            marker = CallMarker.parse(raw)
+            if marker is not None and marker.fence and marker.fence != token:
+                taken.append(task)
+        return taken
+
     def _lapsed(self, lease_id: str) -> None:
         """Our lease was swept: every delivery held under it now belongs to the queue."""
+        self._watch_until = time.monotonic() + self.retention
         with self._lock:
             lost = {tag: task for tag, (lid, task) in self._holding.items() if lid == lease_id}
             self.id = uuid.uuid4().hex
@@ -395,6 +417,20 @@ def start_lease(settings: Settings, retention: float) -> Lease | None:
 def stop_stale_calls(lease: Lease, pool: Any) -> None:
     """Stop the executions here of calls another attempt started (consumer loop timer)."""
     stale = set(lease.stale_calls())
+    if lease.watching():
+        # After a lapse, what runs here may have been handed on before or after the heal
+        # (and kombu may have dropped its local record in the reconnect): each execution
+        # is checked by the holding it started under.
+        tokens = {}
+        for request in list(worker_state.active_requests):
+            # The consumer's request of the delivery (its headers: Request.request_dict).
+            holding = holding_in(request.request_dict.get(HOLDING_HEADER))
+            if holding is not None:
+                tokens[request.id] = holding_token(*holding)
+        try:
+            stale.update(lease.taken_over(tokens))
+        except redis.RedisError as exc:
+            log.debug("could not check the running calls' markers: %r", exc)
     if not stale:
         return
     for request in list(worker_state.active_requests):
