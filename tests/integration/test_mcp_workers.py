@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import HumanMessage, ToolMessage
 
 from orchestrator import dispatcher_for
 from orchestrator.agent import build_agent
-from orchestrator.scripted import ScriptedChatModel, tool_calls_message
+from tests.support.fleet import rounds
 from tests.support.mcp_servers import HttpMcpServer, stdio_entry
 from tool_workers.contract.names import tool_queue
 from tool_workers.contract.settings import Settings
@@ -33,18 +33,6 @@ time_limit = 60
 time_limit = 4
 soft_time_limit = 2
 """
-
-
-def rounds(calls: Sequence[Sequence[tuple[str, dict[str, Any]]]]) -> ScriptedChatModel:
-    """A model that makes each round of calls in turn, then answers."""
-
-    def policy(messages: Sequence[BaseMessage]) -> AIMessage:
-        done = sum(1 for m in messages if isinstance(m, AIMessage))
-        if done < len(calls):
-            return tool_calls_message(calls[done])
-        return AIMessage(content="done")
-
-    return ScriptedChatModel(policy=policy)
 
 
 def texts(message: ToolMessage) -> list[str]:

@@ -11,20 +11,20 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import HumanMessage, ToolMessage
 
 from orchestrator import dispatcher_for
 from orchestrator.agent import build_agent
 from orchestrator.call import PreparedCall
 from orchestrator.cli.status import collect, kind_of, read_waiting
-from orchestrator.scripted import ScriptedChatModel, tool_calls_message
 from orchestrator.tools import RemoteTool
+from tests.support.fleet import rounds
 from tool_workers.contract.broker import create_app
 from tool_workers.contract.models import ToolSpec, WorkerEntry
 from tool_workers.contract.names import task_id_for, tool_queue, worker_registry_key
@@ -34,18 +34,6 @@ pytestmark = pytest.mark.timeout(240)
 
 BUILTIN = {"TOOLFLEET_TOOL_MODULES": "tool_workers.builtin"}
 V2 = {"TOOLFLEET_TOOL_MODULES": "tests.fleet_tools_v2"}
-
-
-def rounds(calls: Sequence[Sequence[tuple[str, dict[str, Any]]]]) -> ScriptedChatModel:
-    """A model that makes each round of calls in turn, then answers."""
-
-    def policy(messages: Sequence[BaseMessage]) -> AIMessage:
-        done = sum(1 for m in messages if isinstance(m, AIMessage))
-        if done < len(calls):
-            return tool_calls_message(calls[done])
-        return AIMessage(content="done")
-
-    return ScriptedChatModel(policy=policy)
 
 
 def answers(result: dict[str, Any]) -> list[ToolMessage]:

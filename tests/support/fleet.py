@@ -79,6 +79,18 @@ def one_turn(calls: Sequence[tuple[str, dict[str, Any]]]) -> ScriptedChatModel:
     return ScriptedChatModel(policy=policy)
 
 
+def rounds(calls: Sequence[Sequence[tuple[str, dict[str, Any]]]]) -> ScriptedChatModel:
+    """A model that makes each round of calls in turn, then answers."""
+
+    def policy(messages: Sequence[BaseMessage]) -> AIMessage:
+        done = sum(1 for m in messages if isinstance(m, AIMessage))
+        if done < len(calls):
+            return tool_calls_message(calls[done])
+        return AIMessage(content="done")
+
+    return ScriptedChatModel(policy=policy)
+
+
 def wait_until(
     condition: Callable[[], Any], timeout: float = 30.0, what: str = "the condition"
 ) -> Any:
