@@ -233,6 +233,25 @@ class RunCommand(RequestBody):
     goto: JsonValue = None
 
 
+_NO_FEEDBACK = (
+    "feedback URLs are LangSmith's and this server has no LangSmith (/info: langsmith "
+    "false); leave out feedback_keys"
+)
+
+
+def _no_feedback_keys(value: Any) -> None:
+    if value:
+        raise ValueError(_NO_FEEDBACK)
+
+
+FeedbackKeys = Annotated[
+    Any,
+    BeforeValidator(_no_feedback_keys),
+    WithJsonSchema({"type": "null", "description": _NO_FEEDBACK}),
+]
+"""``feedback_keys`` of a run: refused (422 naming it) unless null or empty."""
+
+
 class RunCreate(RequestBody):
     """Body of ``POST /threads/{thread_id}/runs`` (and ``/stream``, ``/wait``, ``/runs``)."""
 
@@ -268,6 +287,7 @@ class RunCreate(RequestBody):
     ``false`` is ``exit``, as on LangGraph's server."""
     webhook: WebhookUrl | None = None
     """URL the finished run is POSTed to (:mod:`orchestrator.server.webhooks`)."""
+    feedback_keys: FeedbackKeys = None
 
     @field_validator("stream_mode", mode="before")
     @classmethod

@@ -141,7 +141,10 @@ def test_given_the_app_then_requests_need_a_token_and_bad_bodies_name_the_field(
     app.state.auth.bind(b"unit-key")  # what the lifespan does with the deployment's key
     http = TestClient(app)
 
-    assert http.get("/ok").json() == {"ok": True}
+    assert http.get("/ok").json() == {
+        "ok": True,
+        "services": {"redis": "skipped", "database": "skipped"},
+    }
     unauthorized = http.post("/threads/t/runs", json={})
     assert unauthorized.status_code == 401
     assert unauthorized.headers["www-authenticate"] == "Bearer"

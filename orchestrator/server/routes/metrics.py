@@ -40,8 +40,10 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Query, Request, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -228,9 +230,34 @@ def attach(app: FastAPI, svc: Services, label_key: bytes = b"") -> ServerMetrics
     return metrics
 
 
+def snapshot(svc: Services) -> dict[str, Any]:
+    """``/metrics?format=json``: this replica's runs as LangGraph's server counts its own
+    (``queue``: runs waiting and executing; ``workers``: its cap of executing runs), and
+    its tool calls in flight."""
+    runs = svc.runs
+    running = runs.running
+    return {
+        "queue": {"n_pending": max(runs.active - running, 0), "n_running": running},
+        "workers": {
+            "max": runs.max_runs,
+            "active": running,
+            "available": max(runs.max_runs - running, 0),
+        },
+        "calls": {"in_flight": svc.dispatcher.in_flight()},
+    }
+
+
 @router.get("/metrics", response_class=Response)
-async def metrics(request: Request) -> Response:
-    """Prometheus exposition of this replica's runs and tool calls."""
+async def metrics(
+    request: Request,
+    format: Annotated[
+        Literal["prometheus", "json"], Query(description="exposition text, or a JSON summary")
+    ] = "prometheus",
+) -> Response:
+    """This replica's runs and tool calls: Prometheus exposition (default), or with
+    ``format=json`` a summary of its runs (:func:`snapshot`)."""
     found: ServerMetrics = request.app.state.metrics
+    if format == "json":
+        return JSONResponse(snapshot(found.svc))
     # The waiting calls are read from the broker: off the event loop.
     return Response(await run_in_threadpool(found.render), media_type=CONTENT_TYPE_LATEST)

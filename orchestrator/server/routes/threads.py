@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
 
 from orchestrator.server.encoding import thread_state
-from orchestrator.server.errors import Conflict, NotFound
+from orchestrator.server.errors import Conflict, NotFound, Unsupported
+from orchestrator.server.keys import Keys
 from orchestrator.server.openapi import CONFLICT, NOT_FOUND
 from orchestrator.server.records import ThreadRecord
 from orchestrator.server.responses import Thread, ThreadState
@@ -100,10 +102,44 @@ async def search_threads(svc: Svc, tenant: Tenant, body: ThreadSearch) -> Respon
 
 
 @router.get("/{thread_id}", response_model=Thread, responses=NOT_FOUND)
-async def get_thread(svc: Svc, tenant: Tenant, thread_id: ThreadId) -> Response:
-    """The thread, with the values of its latest checkpoint."""
+async def get_thread(
+    svc: Svc,
+    tenant: Tenant,
+    thread_id: ThreadId,
+    include: Annotated[
+        str, Query(max_length=200, description="comma-separated: ``ttl``, the thread's expiry")
+    ] = "",
+) -> Response:
+    """The thread, with the values of its latest checkpoint (and with ``include=ttl``
+    when it expires: every thread is deleted ``TOOLFLEET_THREAD_TTL`` after its last
+    change)."""
+    fields = {f.strip() for f in include.split(",") if f.strip()}
+    if fields - INCLUDABLE:
+        unknown = ", ".join(sorted(fields - INCLUDABLE))
+        raise Unsupported(f"include: only {sorted(INCLUDABLE)} can be included, not {unknown}")
     record = await existing_thread(svc, tenant, thread_id)
-    return json_response(record.to_api(values=await thread_values(svc, record)))
+    thread = record.to_api(values=await thread_values(svc, record))
+    if "ttl" in fields and (ttl := await thread_ttl(svc, record)) is not None:
+        thread["ttl"] = ttl
+    return json_response(thread)
+
+
+INCLUDABLE = frozenset({"ttl"})
+"""What ``GET /threads/{id}`` adds to a thread when ``include`` names it."""
+
+
+async def thread_ttl(svc: Services, record: ThreadRecord) -> dict[str, Any] | None:
+    """When the thread will be deleted, as LangGraph's server's ``ThreadTTLInfo``
+    (``None`` if its record has no expiry)."""
+    left_ms = await svc.redis.pttl(Keys(svc.settings.key_prefix).thread(record.key))
+    if left_ms < 0:
+        return None
+    left = timedelta(milliseconds=left_ms)
+    return {
+        "strategy": "delete",
+        "ttl_minutes": svc.settings.thread_ttl / 60,
+        "expires_at": (datetime.now(UTC) + left).isoformat(),
+    }
 
 
 @router.delete("/{thread_id}", status_code=204, responses=NOT_FOUND)
