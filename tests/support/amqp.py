@@ -49,6 +49,12 @@ def brokers() -> list[str]:
 def tool_queues() -> tuple[str, ...]:
     """The tool queues (``tool:<name>:<version>``) of every tool the test fleets serve:
     workers declare them on RabbitMQ, so they are deleted by name with the rest."""
+    return tool_queues_of("tests.fleet_tools", "tests.fleet_tools_v2", "tool_workers.builtin")
+
+
+@functools.cache
+def tool_queues_of(*modules: str) -> tuple[str, ...]:
+    """The tool queues of the tools of ``modules``."""
     from tool_workers.contract.names import tool_queue
     from tool_workers.contract.settings import Settings, ToolPolicy
     from tool_workers.runtime.loader import tools_of_module
@@ -56,7 +62,7 @@ def tool_queues() -> tuple[str, ...]:
 
     settings = Settings()
     names = set()
-    for module in ("tests.fleet_tools", "tests.fleet_tools_v2", "tool_workers.builtin"):
+    for module in modules:
         for tool in tools_of_module(module, settings):
             spec = tool_spec(tool, ToolPolicy())
             queue = tool_queue(spec.name, spec.version)

@@ -4,6 +4,13 @@ The test process plays the orchestrator from the root namespace. Workers serve t
 of :mod:`tests.support.net_tools`, whose side effects land in a file, so they are counted
 right whatever the network does. Helpers measure what the fault tests check: how soon a
 worker answers a ping, takes a new call, finishes a warm shutdown.
+
+With ``broker="rabbitmq"`` the calls travel through the machine's RabbitMQ (Redis on its
+host keeps results and state). The server listens on the root namespace's loopback
+only, so a forwarding proxy in the test process listens on the root's address on the test
+subnet: a host whose link is cut then goes silent to RabbitMQ exactly as a vanished
+machine would (no FIN, no RST: RabbitMQ notices by its heartbeat only), and one killed
+closes its connections as a machine's kernel would.
 """
 
 from __future__ import annotations
@@ -15,11 +22,14 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from celery import Celery
 from kombu import pools
 from kombu.utils.collections import eqhash
 
+from orchestrator.bench.delay_proxy import DelayProxy
+from tests.support.amqp import amqp_test_url, delete_namespace, tool_queues_of
 from tests.support.fleet import fleet_settings, worker_env
 from tests.support.hosts import HostRedis, HostWorker
 from tests.support.net_tools import read_effects
@@ -34,20 +44,40 @@ class NetFleet:
     """Redis and workers on ``net``; :meth:`close` stops every worker (the network's
     owner removes the hosts)."""
 
-    def __init__(self, net: TestNet, workdir: Path, **overrides: Any) -> None:
+    def __init__(
+        self, net: TestNet, workdir: Path, broker: str = "redis", **overrides: Any
+    ) -> None:
         self.net = net
         self.workdir = workdir
+        self.broker = broker
         self.effects_file = workdir / "effects.log"
         self.redis = HostRedis(net.add_host("redis"), workdir / "redis.log").start()
+        self.amqp_proxy: DelayProxy | None = None
         values: dict[str, Any] = {
             "tool_modules": ("tests.support.net_tools",),
             "config": NET_POLICY,
             "redelivery_margin": 2.0,
         }
+        if broker == "rabbitmq":
+            values.update(self._through_rabbitmq())
         values.update(overrides)
         self.settings: Settings = fleet_settings(self.redis.url, workdir, **values)
         self.workers: list[HostWorker] = []
         self._app: Celery | None = None
+
+    def _through_rabbitmq(self) -> dict[str, Any]:
+        """Settings for RabbitMQ as the broker, reached through a proxy on the test subnet."""
+        url = amqp_test_url()
+        if not url:
+            raise RuntimeError("a RabbitMQ case ran with no RabbitMQ server answering")
+        parts = urlsplit(url)
+        self.amqp_proxy = DelayProxy(
+            parts.hostname or "127.0.0.1", parts.port or 5672, 0.0, listen_host=self.net.gateway
+        ).start()
+        login = f"{parts.username or 'guest'}:{parts.password or 'guest'}@"
+        netloc = f"{login}{self.net.gateway}:{self.amqp_proxy.port}"
+        broker_url = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
+        return {"broker_url": broker_url, "result_backend": self.redis.url}
 
     @property
     def app(self) -> Celery:
@@ -117,6 +147,12 @@ class NetFleet:
         if self._app is not None:
             close_broker_pools(self._app)
             self._app.close()
+        if self.amqp_proxy is not None:
+            self.amqp_proxy.close()
+            url = amqp_test_url()
+            if url:  # this fleet's queues and exchanges on the shared server
+                queues = ("tools", *tool_queues_of("tests.support.net_tools"))
+                delete_namespace(url, self.settings.namespace, queues)
 
 
 def close_broker_pools(app: Celery) -> None:

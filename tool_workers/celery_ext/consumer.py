@@ -115,6 +115,10 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
                 return
             if self._handed_on(message):
                 return
+            lease = leases.current()
+            if lease is not None:
+                # RabbitMQ: held under the worker's lease (on Redis, the transport's QoS).
+                lease.hold(message)
             try:
                 handle(message)
             except connection_errors:

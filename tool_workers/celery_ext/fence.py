@@ -9,6 +9,8 @@ and the delivery tag, in the in-memory header :data:`HOLDING_HEADER`), and:
   with a prefetched call that was handed on meanwhile does not start it);
 * the attempt that starts writes its holding token to the call's marker (its fence,
   :mod:`tool_workers.contract.marker`), in the round trip that counts the start;
+* on RabbitMQ, a call handed on as a copy starts only from that copy (its marker names
+  the copy, :data:`COPY_HEADER`): the original, when RabbitMQ gives it back, is dropped;
 * a state is stored only by the attempt named in the fence (the result store's Lua script,
   :mod:`tool_workers.celery_ext.backend`): the attempt that started last. A worker that
   comes back after the call started elsewhere cannot overwrite that attempt's result; a
@@ -29,6 +31,11 @@ HOLDING_HEADER = "toolfleet_holding"
 Set in memory only (never on the queued copy), and overwritten whatever a publisher put
 there, so a request cannot name another worker's holding.
 """
+
+COPY_HEADER = "toolfleet_copy"
+"""Message header of a copy a sweep published on RabbitMQ
+(:mod:`tool_workers.celery_ext.amqp_lease`): the copy's id, which the sweep also wrote in
+the call's marker. From then on only a delivery of that copy starts the call."""
 
 HELD = "held:"
 """What a held key has after toolfleet's key prefix (``<prefix>held:<lease id>``)."""
@@ -70,6 +77,18 @@ START_SCRIPT = (
 -- announce the start on (or ''), the STARTED state to announce, worker name, pid.
 -- Returns {starts (-1: the holding was handed on, not started), revoked, handed-on lease,
 -- retries a worker scheduled}.
+-- A call a sweep handed on as a copy (RabbitMQ: tool_workers.celery_ext.amqp_lease)
+-- starts only from that copy: its marker names the copy, whose delivery tag ends with
+-- '@' and the copy's id. Any other delivery of it (the original, which RabbitMQ gives
+-- back when its heartbeat closes the lost worker's connection) loses its holding here.
+if KEYS[2] ~= '' then
+    local handed = read_marker(KEYS[1])
+    local copy = handed and handed['c']
+    if type(copy) == 'string' and copy ~= ''
+            and copy ~= (string.match(ARGV[2], '@([^@]+)$') or '') then
+        redis.call('HDEL', KEYS[2], ARGV[2])
+    end
+end
 if KEYS[2] ~= '' and redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then
     return {-1, 0, '', 0}
 end

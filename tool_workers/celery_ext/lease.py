@@ -186,6 +186,18 @@ class Lease:
         """The Redis key of the holdings of the current lease."""
         return held_key(self.key_prefix, self.id)
 
+    # --- the consumer's side (RabbitMQ: :mod:`tool_workers.celery_ext.amqp_lease`) ---
+    def hold(self, message: Any) -> None:
+        """Hold a delivery the consumer is about to hand to Celery (on Redis the
+        transport's QoS does it, in the round trip kombu records the delivery in)."""
+
+    def release(self, holding: Any) -> None:
+        """The delivery of ``holding`` was acknowledged or rejected (on Redis the QoS's
+        fenced acknowledgement does it)."""
+
+    def released(self) -> None:
+        """Remove the records of the deliveries released since the last renewal."""
+
     # --- the transport's side (kombu's QoS, in the consumer loop) ------------------
     def take(self, tag: str, task_id: str) -> str:
         """Note that delivery ``tag`` of ``task_id`` is held; the held key it goes in."""
@@ -290,8 +302,13 @@ class Lease:
         if not renewed:
             self._lapsed(lease_id)
             self.hold_sweeps()
+        self.released()
         if time.monotonic() < self._sweeps_from:
             return []
+        return self.sweep()
+
+    def sweep(self) -> list[str]:
+        """Hand on the calls of every lapsed lease (one batch); the task ids handed on."""
         moved = self._sweep(
             keys=[
                 leases_key(self.key_prefix),
@@ -382,20 +399,36 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def start_lease(settings: Settings, retention: float) -> Lease | None:
+def start_lease(settings: Settings, retention: float, app: Any = None) -> Lease | None:
     """Start this worker process's lease and make the transport hold deliveries under it.
 
-    None (no lease: a lost worker's calls come back after the visibility timeout) when
-    the result backend is another Redis than the broker: the fence of a call is checked
-    against its holding in one script, so both must live in one server.
+    On RabbitMQ the lease lives in the Redis of the results and markers, and a lapsed
+    lease's calls are handed on by publishing copies
+    (:mod:`tool_workers.celery_ext.amqp_lease`): RabbitMQ itself gives them back only
+    when its heartbeat notices the dead connection. None (no lease: a lost worker's calls
+    come back after the visibility timeout) when, on Redis, the result backend is another
+    Redis than the broker: the fence of a call is checked against its holding in one
+    script, so both must live in one server.
 
     Args:
         settings: The worker's settings (``lease_ttl``, ``lease_refresh``, the broker).
         retention: Seconds the holdings record outlives a renewal: the visibility timeout.
+        app: The worker's Celery app (on RabbitMQ: where handed-on copies are published).
     """
     if settings.broker_is_amqp:
-        # RabbitMQ gives back a lost worker's calls itself, when its connection closes.
-        return None
+        from tool_workers.celery_ext.amqp_lease import AmqpLease
+
+        amqp_lease = AmqpLease(
+            redis_client(settings.own_redis_url, settings),
+            settings.key_prefix,
+            "",
+            ttl=settings.lease_ttl,
+            refresh=settings.lease_refresh,
+            retention=retention,
+        )
+        amqp_lease.app = app
+        install(amqp_lease)
+        return amqp_lease.start()
     if settings.backend_url != settings.broker_url:
         log.warning(
             "the result backend is another Redis than the broker: no worker lease, a lost "

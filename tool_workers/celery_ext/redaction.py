@@ -31,6 +31,8 @@ from typing import Any
 from celery.app import trace
 from celery.worker.request import Request
 
+from tool_workers.celery_ext import lease as leases
+from tool_workers.celery_ext.fence import HOLDING_HEADER, holding_in
 from tool_workers.compat import celery as celery_compat
 from tool_workers.contract.connections import mask_secrets
 from tool_workers.contract.names import TASK_PREFIX
@@ -136,6 +138,21 @@ class ToolCallRequest(Request):  # type: ignore[misc]
         if outcome is not None and active is not None:
             # Pool process gone: only the main process can count this call.
             active.unreported(self.name, self.hostname or "", outcome, self.time_start)
+
+    def acknowledge(self) -> None:
+        super().acknowledge()
+        self._release()
+
+    def reject(self, requeue: bool = False) -> None:
+        super().reject(requeue=requeue)
+        self._release()
+
+    def _release(self) -> None:
+        # RabbitMQ: the delivery is no longer held under the worker's lease
+        # (tool_workers.celery_ext.amqp_lease); on Redis the transport's QoS did it.
+        lease = leases.current()
+        if lease is not None:
+            lease.release(holding_in(self.request_dict.get(HOLDING_HEADER)))
 
     def send_event(self, type: str, **fields: Any) -> None:
         if type == "task-succeeded" and "result" in fields:

@@ -17,9 +17,11 @@ import time
 from typing import Any
 
 from celery import Celery, Task
+from celery.exceptions import Ignore
 from langchain_core.tools import BaseTool
 from pydantic import ValidationError
 
+from tool_workers.celery_ext.amqp_lease import dropped_unrun
 from tool_workers.celery_ext.backend import reply_channel_of, state_meta
 from tool_workers.celery_ext.fence import (
     RETRY_SCRIPT,
@@ -380,6 +382,17 @@ def _check_delivery(
     start = parse_start(_start_script(task.backend)(keys=keys, args=args))
     # A retries header above the retries a worker scheduled was written by someone else.
     attempt = min(attempt, start.scheduled + 1)
+    if start.stale and dropped_unrun(task.request):
+        # RabbitMQ: the call was handed on as a copy after its worker was lost, and this
+        # is another delivery of it (the original RabbitMQ gave back, or one this worker
+        # took before it was cut off): acknowledged unrun, nothing stored; the copy answers.
+        log.warning(
+            "call %s to %s was handed on as a copy after its worker was lost; dropped "
+            "this other delivery of it unrun",
+            task_id,
+            tool,
+        )
+        raise Ignore()
     if start.stale:
         # Handed on to another worker while this one was unreachable; whatever this
         # returns is not stored (the fence names the other attempt).

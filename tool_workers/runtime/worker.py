@@ -113,7 +113,7 @@ def _start_metrics(**_: Any) -> None:
     # Before the consumer takes its first call: every delivery is held under the lease.
     global _lease
     _lease = start_lease(
-        settings, visibility_timeout(settings.policies(), settings.redelivery_margin)
+        settings, visibility_timeout(settings.policies(), settings.redelivery_margin), app
     )
 
 
