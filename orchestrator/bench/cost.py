@@ -33,12 +33,10 @@ from __future__ import annotations
 
 import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -51,15 +49,10 @@ from orchestrator.bench.agents import (
     fleet_agent,
     turns_model,
 )
-from orchestrator.bench.fleet import WORKER_LOGLEVEL, BenchFleet
-from orchestrator.bench.measure import cpu_seconds
-from orchestrator.bench.raw_celery import (
-    NOOP,
-    PREFIX_ENV,
-    QUEUE,
-    URL_ENV,
-    create_raw_app,
-)
+from orchestrator.bench.fleet import BenchFleet
+from orchestrator.bench.measure import SETTLE, cpu_seconds
+from orchestrator.bench.raw_celery import NOOP, create_raw_app
+from orchestrator.bench.raw_worker import RawCeleryWorker, raw_worker_for
 from orchestrator.local import WorkerProcess
 from tool_workers.contract.settings import Settings
 
@@ -74,9 +67,6 @@ WORKER_GROUPS = {
 
 ECHO_TEXT = "hi"
 SYNC_MAX_CONCURRENCY = 8
-SETTLE = 0.5
-"""Seconds the counters keep running after a window's last result, untimed: work a call
-leaves behind (an acknowledgement after the result, deferred clean-up) is its cost too."""
 WINDOW_TIMEOUT = 240.0
 CALL_TIMEOUT = 120.0
 
@@ -336,94 +326,6 @@ class Gang:
             inbox.put(None)
 
 
-class RawCeleryWorker(WorkerProcess):
-    """A stock ``celery -A orchestrator.bench.raw_celery worker`` (started and stopped by
-    its pid, in its own session, as toolfleet's bench workers are).
-
-    Args:
-        settings: The scenario's settings (the worker ignores them).
-        url: Broker and result backend of the bare app.
-        prefix: Its key prefix.
-        pool: Celery pool.
-        concurrency: Pool size.
-        log_file: Where its output goes.
-    """
-
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        url: str,
-        prefix: str,
-        pool: str,
-        concurrency: int,
-        log_file: Path | None = None,
-    ) -> None:
-        super().__init__(
-            settings,
-            name=f"bench-raw-{os.getpid()}",
-            pool=pool,
-            concurrency=concurrency,
-            queues=(QUEUE,),
-            log_file=log_file,
-            extra_env={URL_ENV: url, PREFIX_ENV: prefix},
-            loglevel=WORKER_LOGLEVEL,
-        )
-        self.url = url
-        self.prefix = prefix
-
-    def command(self) -> list[str]:
-        """The stock Celery command line, with the flags toolfleet's bench workers have."""
-        return [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "orchestrator.bench.raw_celery",
-            "worker",
-            "-P",
-            self.pool,
-            "-c",
-            str(self.concurrency),
-            "-n",
-            self.hostname,
-            "-Q",
-            ",".join(self.queues),
-            "-l",
-            self.loglevel,
-            "--without-gossip",
-            "--without-mingle",
-        ]
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        """Block until the worker has run a ``noop`` (it keeps no registry entry).
-
-        Raises:
-            RuntimeError: the worker exited or did not answer within ``timeout`` seconds.
-        """
-        app = create_raw_app(self.url, self.prefix)
-        try:
-            result = app.send_task(NOOP, args=("ready",))
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                if self.process is not None and self.process.poll() is not None:
-                    raise RuntimeError(
-                        f"raw Celery worker exited with code {self.process.returncode}"
-                        + (f"; see {self.log_file}" if self.log_file else "")
-                    )
-                if result.ready():
-                    result.get(timeout=1)
-                    return
-                time.sleep(0.1)
-        finally:
-            app.close()
-        raise RuntimeError(f"raw Celery worker not ready after {timeout:g} s")
-
-    def pids(self) -> list[int]:
-        """The main process and its pool children."""
-        return [self.pid, *self.children()] if self.process is not None else []
-
-
 def _raw_run(app: Any, turns: int, width: int) -> None:
     for _ in range(turns):
         results = [app.send_task(NOOP, args=(ECHO_TEXT,)) for _ in range(width)]
@@ -431,30 +333,6 @@ def _raw_run(app: Any, turns: int, width: int) -> None:
             value = result.get(timeout=CALL_TIMEOUT)
             if value != {"text": ECHO_TEXT}:
                 raise RuntimeError(f"raw Celery noop returned {value!r}")
-
-
-def raw_worker_for(
-    fleet: BenchFleet, settings: Settings, *, pool: str, concurrency: int
-) -> RawCeleryWorker:
-    """The bare Celery app's worker for the scenario of ``settings`` (not started yet).
-
-    Raises:
-        RuntimeError: the server is not Redis (INFO and the bare app need it), or the
-            results go to another server.
-    """
-    url = fleet.broker_url
-    if not url.startswith(("redis://", "rediss://")):
-        raise RuntimeError("the cost scenario needs a Redis broker (it reads INFO)")
-    if settings.backend_url != url:
-        raise RuntimeError("the cost scenario needs results on the broker's server")
-    return RawCeleryWorker(
-        settings,
-        url=url,
-        prefix=f"{settings.namespace or 'bench'}-raw:",
-        pool=pool,
-        concurrency=concurrency,
-        log_file=fleet.workdir / "raw-worker.log",
-    )
 
 
 def run_cost(

@@ -6,6 +6,9 @@ scenario group gets its own namespace (its own queues and keys), so its workers 
 its calls; on a shared broker the run deletes its keys at the end. Workers are stock
 ``celery -A tool_workers worker`` processes serving the built-in toolset, started and
 stopped by their own pids.
+
+This module imports no agent stack (LangChain, LangGraph): the run spawns its workers
+first, and they boot while the orchestrator imports it.
 """
 
 from __future__ import annotations
@@ -19,15 +22,16 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from orchestrator.bench.measure import cpu_seconds
-from orchestrator.dispatch.dispatcher import CeleryDispatcher
-from orchestrator.dispatch.fleet import close_all, dispatcher_for
 from orchestrator.local import EmbeddedRedis, WorkerProcess, delete_keys
 from tool_workers.contract.settings import Settings
+
+if TYPE_CHECKING:
+    from orchestrator.dispatch.dispatcher import CeleryDispatcher
 
 WORKER_LOGLEVEL = "WARNING"
 """Bench workers log warnings only: a line per task would be part of what is measured."""
@@ -91,6 +95,16 @@ class BenchFleet:
         Raises:
             RuntimeError: a worker exited or was not ready in time (its log is named).
         """
+        started = self.spawn_workers(settings, count, pool=pool, concurrency=concurrency)
+        for worker in started:
+            worker.wait_ready(timeout=90)
+        return started
+
+    def spawn_workers(
+        self, settings: Settings, count: int, *, pool: str = "threads", concurrency: int = 4
+    ) -> list[WorkerProcess]:
+        """Start ``count`` worker processes for ``settings`` and return at once (they boot
+        meanwhile; ``wait_ready`` each before use)."""
         started = []
         for _ in range(count):
             index = len(self.workers)
@@ -104,37 +118,41 @@ class BenchFleet:
             )
             self.workers.append(worker)
             started.append(worker.start())
-        for worker in started:
-            worker.wait_ready(timeout=90)
         return started
 
     def dispatcher(self, settings: Settings) -> CeleryDispatcher:
         """The process-wide dispatcher of ``settings`` (remembered for the leak check)."""
+        from orchestrator.dispatch.fleet import dispatcher_for
+
         dispatcher = dispatcher_for(settings=settings)
         if dispatcher not in self.dispatchers:
             self.dispatchers.append(dispatcher)
         return dispatcher
 
-    def stop_workers(self, workers: Sequence[WorkerProcess]) -> None:
+    def stop_workers(self, workers: Sequence[WorkerProcess], *, grace: float = 10.0) -> None:
         """Stop these workers, all at once (warm shutdown, then SIGKILL of their own
-        session)."""
+        session after ``grace`` seconds; at once with ``grace`` 0)."""
         if workers:
             with ThreadPoolExecutor(len(workers), thread_name_prefix="bench-stop") as pool:
-                list(pool.map(lambda worker: worker.stop(grace=10), workers))
+                list(pool.map(lambda worker: worker.stop(grace=grace), workers))
         for worker in workers:
             if worker in self.workers:
                 self.workers.remove(worker)
 
-    def begin_stop(self) -> None:
-        """Begin every worker's warm shutdown without waiting (:meth:`close` waits)."""
-        for worker in [*self.workers, *self.others]:
-            worker.terminate()
-
     def close(self) -> None:
-        """Stop every worker and the server this fleet started; drop the run's keys."""
-        close_all()
+        """Stop every worker and the server this fleet started; drop the run's keys.
+
+        The workers are killed at once (their sessions, SIGKILL): a finished run has no
+        call in flight, so a warm shutdown (a second or two each) would only keep the
+        command waiting, and whatever they leave on a shared server is under the run's
+        namespace, whose keys are dropped here.
+        """
+        if self.dispatchers:
+            from orchestrator.dispatch.fleet import close_all
+
+            close_all()
         self.dispatchers.clear()
-        self.stop_workers([*self.workers, *self.others])
+        self.stop_workers([*self.workers, *self.others], grace=0)
         self.others.clear()
         if self.server is not None:
             self.server.stop()

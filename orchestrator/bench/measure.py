@@ -15,6 +15,12 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+SETTLE = 0.5
+"""Seconds the cost scenario's counters keep running after a window's last result,
+untimed: work a call leaves behind (an acknowledgement after the result, deferred
+clean-up) is its cost too."""
+
+
 class ScenarioTimeout(Exception):
     """Raised when a scenario does not finish within its time bound."""
 

@@ -17,6 +17,8 @@ Benchmarks are not timed tests: they print tables and write a report. The scenar
 
 It starts what it needs: an embedded server and ``celery worker`` processes (or only
 the workers, on the broker the settings name, with ``use_settings``), and stops them.
+The workers are spawned before the scenarios (and with them LangChain and LangGraph) are
+imported: they boot while this process imports.
 """
 
 from __future__ import annotations
@@ -31,23 +33,10 @@ from typing import Any
 
 from rich.console import Console
 
-from orchestrator.bench.cost import SETTLE, RawCeleryWorker, raw_worker_for, run_cost
-from orchestrator.bench.fanout import run_dispatch_cost, run_fanout
 from orchestrator.bench.fleet import BenchFleet, load_average, machine_info
-from orchestrator.bench.latency import run_latency
-from orchestrator.bench.links import run_links
-from orchestrator.bench.load import run_scale, run_throughput
-from orchestrator.bench.measure import bounded
-from orchestrator.bench.memory import leaks, run_memory
-from orchestrator.bench.report import (
-    markdown,
-    print_tables,
-    require_matplotlib,
-    write_json,
-    write_plot,
-)
+from orchestrator.bench.measure import SETTLE, bounded
+from orchestrator.bench.raw_worker import RawCeleryWorker, raw_worker_for
 from orchestrator.bench.scenarios import NOT_QUICK, SCENARIOS
-from orchestrator.bench.targets import targets
 from orchestrator.cli.progress import cli_console, elapsed
 
 REPORT_SCHEMA = 1
@@ -170,8 +159,7 @@ def run_bench(
 ) -> dict[str, Any]:
     """Run the scenarios against a fleet this call starts and stops; return the report.
 
-    ``on_report`` gets the finished report while the workers shut down (their warm
-    shutdown takes a second or two: the report is printed meanwhile).
+    ``on_report`` gets the finished report before the fleet stops.
     """
     console = console or cli_console()
     wanted = list(scenarios)
@@ -214,9 +202,20 @@ def run_bench(
                 f"starting {plan.fleet_workers} worker(s), threads pool of {plan.fleet_concurrency}"
                 + (", and raw Celery's" if raw_worker is not None else "")
             )
-            main_workers = fleet.start_workers(
+            main_workers = fleet.spawn_workers(
                 main, plan.fleet_workers, concurrency=plan.fleet_concurrency
             )
+        # The scenarios import LangChain and LangGraph: seconds the workers spend booting.
+        from orchestrator.bench.cost import run_cost
+        from orchestrator.bench.fanout import run_dispatch_cost, run_fanout
+        from orchestrator.bench.latency import run_latency
+        from orchestrator.bench.links import run_links
+        from orchestrator.bench.load import run_scale, run_throughput
+        from orchestrator.bench.memory import leaks, run_memory
+        from orchestrator.bench.targets import targets
+
+        for worker in main_workers:
+            worker.wait_ready(timeout=90)
         dispatcher = fleet.dispatcher(main)
         jobs: dict[str, Callable[[], dict[str, Any]]] = {
             "latency": lambda: run_latency(
@@ -303,7 +302,6 @@ def run_bench(
         report["leaks"] = leaks(fleet.dispatchers)
         report["machine"]["loadavg_end"] = load_average()
         report["targets"] = targets(report)
-        fleet.begin_stop()
         if on_report is not None:
             on_report(report)
     return report
@@ -326,6 +324,8 @@ def main(
     console = console or cli_console()
     scenarios = select(only, quick)
     if plot_path is not None:
+        from orchestrator.bench.report import require_matplotlib
+
         require_matplotlib()
 
     def show(report: dict[str, Any]) -> None:
@@ -351,6 +351,8 @@ def _show(
     markdown_path: Path | None,
 ) -> None:
     """Print the report's tables; write its JSON, plot and Markdown where asked."""
+    from orchestrator.bench.report import markdown, print_tables, write_json, write_plot
+
     machine = report["machine"]
     console.print(
         f"\n[bold]toolfleet bench[/] {'(quick) ' if quick else ''}on {machine['cores']} cores, "
