@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tool_workers.contract.epoch import LUA_EPOCH, epoch_key, epoch_of, new_epoch
 from tool_workers.contract.marker import LUA_READ, marker_key
 
 HOLDING_HEADER = "toolfleet_holding"
@@ -71,12 +72,17 @@ def holding_in(value: Any) -> tuple[str, str] | None:
 
 START_SCRIPT = (
     LUA_READ
+    + LUA_EPOCH
     + """
--- KEYS: the call's marker, the held hash (or '').
+-- KEYS: the call's marker, the held hash (or ''), the epoch key.
 -- ARGV: the marker's lifetime (s), delivery tag, holding token (or ''), the channel to
--- announce the start on (or ''), the STARTED state to announce, worker name, pid.
+-- announce the start on (or ''), the STARTED state to announce, worker name, pid, the
+-- epoch the call was published under (or ''), a fresh epoch (for a missing key).
 -- Returns {starts (-1: the holding was handed on, not started), revoked, handed-on lease,
--- retries a worker scheduled}.
+-- retries a worker scheduled, the epoch, 1 when the epoch key was missing, 1 when the
+-- call's records were lost after its publication (its fate is unknown), 1 when the call
+-- had no marker}.
+local epoch, missing = current_epoch(KEYS[3], ARGV[9])
 -- A call a sweep handed on as a copy (RabbitMQ: tool_workers.celery_ext.amqp_lease)
 -- starts only from that copy: its marker names the copy, whose delivery tag ends with
 -- '@' and the copy's id. Any other delivery of it (the original, which RabbitMQ gives
@@ -90,9 +96,14 @@ if KEYS[2] ~= '' then
     end
 end
 if KEYS[2] ~= '' and redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then
-    return {-1, 0, '', 0}
+    return {-1, 0, '', 0, epoch, missing, 0, 0}
 end
-local marker = read_marker(KEYS[1]) or {}
+local found = read_marker(KEYS[1])
+local unknown = 0
+if (not found) and ARGV[8] ~= '' and ARGV[8] ~= epoch then
+    unknown = 1
+end
+local marker = found or {}
 local starts = (tonumber(marker['n']) or 0) + 1
 marker['n'] = starts
 if ARGV[3] ~= '' then
@@ -104,7 +115,10 @@ local revoked = marker['r'] and 1 or 0
 if revoked == 0 and ARGV[4] ~= '' then
     redis.call('PUBLISH', ARGV[4], ARGV[5])
 end
-return {starts, revoked, marker['h'] or '', tonumber(marker['y']) or 0}
+return {
+    starts, revoked, marker['h'] or '', tonumber(marker['y']) or 0, epoch, missing, unknown,
+    found and 0 or 1
+}
 """
 )
 """One delivery's start, in one round trip: refused when its holding was handed on (the
@@ -127,6 +141,15 @@ class Start:
     scheduled: int = 0
     """Retries a worker scheduled for the call (:data:`RETRY_SCRIPT`): a delivery's
     ``retries`` header counts only up to this; a higher one was written by someone else."""
+    epoch: str = ""
+    """The epoch of toolfleet's records (:mod:`tool_workers.contract.epoch`)."""
+    epoch_missing: bool = False
+    """The epoch key was gone (this start wrote a new one)."""
+    unknown: bool = False
+    """The call's marker was lost after its publication (published under an earlier
+    epoch): whether an earlier attempt started it is unknown."""
+    unmarked: bool = False
+    """The call had no marker (this start wrote the first)."""
 
     @property
     def stale(self) -> bool:
@@ -161,14 +184,26 @@ def start_args(
     if holding is not None:
         held, tag = holding
         token = holding_token(held, tag)
-    keys = [marker_key(key_prefix, task_id), held]
-    return keys, [lifetime, tag, token, announce, started if announce else "", worker, pid]
+    keys = [marker_key(key_prefix, task_id), held, epoch_key(key_prefix)]
+    args = [lifetime, tag, token, announce, started if announce else "", worker, pid]
+    return keys, [*args, epoch_of(request), new_epoch()]
 
 
 def parse_start(reply: Any) -> Start:
     """The :class:`Start` of a :data:`START_SCRIPT` reply."""
-    starts, revoked, handed, scheduled = reply
-    return Start(int(starts), bool(int(revoked)), bool(handed), int(scheduled))
+    starts, revoked, handed, scheduled, epoch, missing, unknown, unmarked = reply
+    if isinstance(epoch, bytes):
+        epoch = epoch.decode()
+    return Start(
+        int(starts),
+        bool(int(revoked)),
+        bool(handed),
+        int(scheduled),
+        str(epoch),
+        bool(int(missing)),
+        bool(int(unknown)),
+        bool(int(unmarked)),
+    )
 
 
 RETRY_SCRIPT = (

@@ -5,6 +5,8 @@ Off unless ``TOOLFLEET_METRICS_PORT`` is set; then the worker's main process ser
 
     toolfleet_worker_calls_total{tool, outcome, worker}
     toolfleet_worker_call_duration_seconds{tool, outcome, worker}   (histogram)
+    toolfleet_worker_redis_data_lost_total   losses of toolfleet's records in Redis noticed
+                                             (:mod:`tool_workers.contract.epoch`)
 
 ``outcome`` is ``success`` or the result's ``error_kind`` (``tool_error``,
 ``invalid_args``, ``timeout``, ``redelivered``, ...) for a call that returned; ``retry``
@@ -58,6 +60,10 @@ LATE = "toolfleet_worker_late_results"
 """Counter of results that came after their call was handed on and answered by another
 attempt, kept as late results (exposed with the ``_total`` suffix)."""
 
+DATA_LOST = "toolfleet_worker_redis_data_lost"
+"""Counter of losses of Redis data (toolfleet's records) a worker process noticed
+(exposed with the ``_total`` suffix)."""
+
 OUTCOMES: tuple[str, ...] = (
     "success",
     *get_args(ErrorKind),
@@ -109,6 +115,16 @@ class WorkerMetrics:
             ["tool", "worker"],
             registry=None,
         )
+        self.redis_data_lost: Counter = Counter(
+            DATA_LOST,
+            "Losses of toolfleet's records in Redis (a restart without persistence, a "
+            "FLUSHALL, a failover to a replica behind) this worker noticed.",
+            registry=None,
+        )
+
+    def data_lost(self) -> None:
+        """Count one loss of Redis data this process noticed."""
+        self.redis_data_lost.inc()
 
     def record(self, tool: str, outcome: str, worker: str, seconds: float | None) -> None:
         """Count one attempt (and its duration, when known)."""

@@ -10,9 +10,11 @@ orchestrator reads the result as it reads a success's.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -31,6 +33,13 @@ from tool_workers.celery_ext.fence import (
     start_args,
 )
 from tool_workers.contract.broker import RESTORE_INTERVAL, visibility_timeout
+from tool_workers.contract.epoch import (
+    EpochWatch,
+    epoch_of,
+    note_loss,
+    records_lost_text,
+    renew_epoch,
+)
 from tool_workers.contract.failed import ToolCallFailed, failure_of, result_of_failure
 from tool_workers.contract.marker import marker_key
 from tool_workers.contract.models import (
@@ -44,6 +53,7 @@ from tool_workers.contract.names import task_name
 from tool_workers.contract.settings import Settings, ToolPolicies, ToolPolicy
 from tool_workers.contract.signing import refused_request_text, request_problem, sign_result
 from tool_workers.contract.store import store_for
+from tool_workers.observability.metrics import active as active_metrics
 from tool_workers.runtime.execute import Limits, TransientToolError, run_call
 from tool_workers.runtime.injection import WorkerGraph, injected_args_of
 from tool_workers.runtime.progress import ProgressPublisher, publishing
@@ -55,6 +65,42 @@ RESULT_REPR_CHARS = 64
 
 MAX_CRASH_REDELIVERIES = 2
 """How many times an idempotent call is run again after its worker died under it."""
+
+STARTED_MEMORY = 65_536
+"""Calls this process started, remembered to tell a lost marker from a first start."""
+
+
+def _count_loss() -> None:
+    metrics = active_metrics()
+    if metrics is not None:
+        metrics.data_lost()
+
+
+EPOCHS = EpochWatch("worker", _count_loss)
+"""The epoch of toolfleet's records this process saw last."""
+
+
+class StartedCalls:
+    """The calls this process started (the most recent :data:`STARTED_MEMORY`): a call
+    started here that comes back with no marker lost its marker, whatever the epoch."""
+
+    def __init__(self, size: int = STARTED_MEMORY) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._ids: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def add(self, task_id: str) -> bool:
+        """Note ``task_id`` as started; whether it had been started here before."""
+        with self._lock:
+            before = task_id in self._ids
+            self._ids[task_id] = None
+            self._ids.move_to_end(task_id)
+            while len(self._ids) > self._size:
+                self._ids.popitem(last=False)
+        return before
+
+
+STARTED = StartedCalls()
 
 
 def tool_spec(tool: BaseTool, policy: ToolPolicy) -> ToolSpec:
@@ -346,6 +392,41 @@ def _how_lost(start: Start) -> str:
     return "its worker stopped"
 
 
+def _records_lost(task: Task, key_prefix: str, start: Start) -> bool:
+    """Whether the call's records were lost after it was published or started here (its
+    fate is unknown); a loss this process had not noticed yet is noted."""
+    stamped = epoch_of(task.request)
+    if EPOCHS.seen(start.epoch, missing=start.epoch_missing, stamped=stamped):
+        note_loss(
+            task.backend.client,
+            key_prefix,
+            "worker",
+            "the epoch key was missing" if start.epoch_missing else "the epoch changed",
+            start.epoch,
+        )
+    if start.stale:
+        return False
+    again = STARTED.add(task.request.id)
+    if again and start.starts == 1:
+        # Started here before, and no marker counted it: the marker was lost (the call
+        # may have been published again since). When the call had no marker and the
+        # epoch does not show the loss (a replica promoted while behind), replace the
+        # epoch: the call's copies elsewhere are refused too.
+        if start.unknown or not start.unmarked or start.epoch != stamped:
+            return True
+        try:
+            epoch = renew_epoch(task.backend.client, key_prefix, start.epoch)
+        except Exception as exc:  # refused here anyway
+            log.warning("could not replace the epoch: %r", exc)
+        else:
+            if EPOCHS.lost_marker(epoch):
+                note_loss(
+                    task.backend.client, key_prefix, "worker", "a started call's marker", epoch
+                )
+        return True
+    return start.unknown
+
+
 def _check_delivery(
     task: Task,
     key_prefix: str,
@@ -380,6 +461,7 @@ def _check_delivery(
         key_prefix, task_id, lifetime, task.request, channel, started, worker, os.getpid()
     )
     start = parse_start(_start_script(task.backend)(keys=keys, args=args))
+    unknown = _records_lost(task, key_prefix, start)
     # A retries header above the retries a worker scheduled was written by someone else.
     attempt = min(attempt, start.scheduled + 1)
     if start.stale and dropped_unrun(task.request):
@@ -410,6 +492,18 @@ def _check_delivery(
             f"Error: the call to '{tool}' was cancelled before it started, and was not run.",
             worker=worker,
         ).to_wire()
+    if unknown:
+        if not policy.idempotent:
+            log.error(
+                "refused call %s to non-idempotent tool %s: Redis lost its records",
+                task_id,
+                tool,
+            )
+            return ToolResult.error("redelivered", records_lost_text(tool), worker=worker).to_wire()
+        log.warning(
+            "running call %s to idempotent tool %s, whose records Redis lost", task_id, tool
+        )
+        return None
     crashes = start.starts - attempt
     if crashes <= 0:
         return None
