@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import threading
@@ -42,6 +43,13 @@ from orchestrator.dispatch.waiting import Next, Waiting, deadline_of
 from orchestrator.dispatch.watch import StateCallback
 from tool_workers.contract.broker import create_app
 from tool_workers.contract.connections import async_redis_client, redis_client
+from tool_workers.contract.epoch import (
+    EpochWatch,
+    note_loss,
+    read_epoch,
+    records_lost_text,
+    renew_epoch,
+)
 from tool_workers.contract.errors import ConfigError, DispatchError, ToolfleetError
 from tool_workers.contract.models import ToolResult, ToolSpec
 from tool_workers.contract.names import queue_key, reply_channel, result_key
@@ -57,6 +65,13 @@ SENT_MEMORY = 65_536
 READY_WAIT = 2.0
 """Seconds the first publication waits for the reply channel's subscription; past that
 it publishes anyway (the listener's sweep reads what the channel missed)."""
+
+VERDICT = "TOOLFLEET_VERDICT"
+"""State of a meta this dispatcher resolves a call's future with itself (its ``verdict``,
+a :class:`ToolResult`, is the answer): a call whose records Redis lost."""
+
+EPOCH_READ_INTERVAL = 1.0
+"""Seconds between the ownership checks' reads of the epoch (one read serves them all)."""
 
 REVOKE_WAIT = 1.0
 """Seconds a cancellation waits for its revocation (a round trip when Redis answers);
@@ -122,11 +137,16 @@ class CeleryDispatcher:
         self._lock = threading.Lock()
         self._futures: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}
         self._calls: dict[str, PreparedCall] = {}
-        self._sent: collections.OrderedDict[str, None] = collections.OrderedDict()
-        """Calls this process published (or found published): the ones a cancellation
-        revokes. The most recent :data:`SENT_MEMORY`."""
+        self._sent: collections.OrderedDict[str, str] = collections.OrderedDict()
+        """Calls this process published (or found published), with the epoch their
+        messages named: the ones a cancellation revokes. The most recent
+        :data:`SENT_MEMORY`."""
         self._checking: set[str] = set()
         """Calls whose ownership check is in progress (one at a time per call)."""
+        self._epoch_read_at = float("-inf")
+        self.epochs = EpochWatch("orchestrator")
+        """The epoch of toolfleet's records this process saw last
+        (:mod:`tool_workers.contract.epoch`): its losses are counted there."""
 
     @property
     def app(self) -> Celery:
@@ -179,6 +199,8 @@ class CeleryDispatcher:
         fresh = self._watch(calls, on_state)
         if not fresh:
             return
+        if not self.epochs.known:
+            self._read_epoch()
         self.listener.wait_ready(_bounded(READY_WAIT, fresh))
         try:
             outcomes = self._publisher.publish(fresh)
@@ -197,6 +219,8 @@ class CeleryDispatcher:
             await self._off_loop(self.listener.start)  # waits for the thread: not here
         if not self._watch([call], on_state):
             return
+        if not self.epochs.known:
+            await self._off_loop(self._read_epoch)
         if not self.listener.ready:
             await self._off_loop(self.listener.wait_ready, _bounded(READY_WAIT, [call]))
         try:
@@ -227,7 +251,7 @@ class CeleryDispatcher:
             for task_id, outcome in outcomes.items():
                 if outcome is Outcome.STORED:
                     continue
-                self._sent[task_id] = None
+                self._sent[task_id] = self._publisher.epoch
                 self._sent.move_to_end(task_id)
             while len(self._sent) > SENT_MEMORY:
                 self._sent.popitem(last=False)
@@ -340,7 +364,61 @@ class CeleryDispatcher:
             with self._lock:
                 self._checking.discard(call.task_id)
 
+    def _read_epoch(self) -> None:
+        """Read the epoch (written when missing) for the calls' messages; a change from
+        the one seen before is a loss of Redis data (logged, counted, noted)."""
+        prefix = self.settings.key_prefix
+        self._epoch_read_at = time.monotonic()
+        try:
+            epoch, missing = read_epoch(self._redis, prefix)
+        except redis.RedisError as exc:  # the messages go out without one: run as before
+            log.warning("could not read the epoch of toolfleet's records: %r", exc)
+            return
+        if self.epochs.seen(epoch, missing=missing):
+            note_loss(self._redis, prefix, "orchestrator", _how(missing), epoch)
+        self._publisher.epoch = epoch
+
+    def _records_lost(self, call: PreparedCall, stamped: str) -> None:
+        """The marker of ``call``, published here under the epoch ``stamped``, is gone
+        with no result stored: Redis lost data. When the epoch does not show it (still
+        ``stamped``: a replica promoted while behind), it is replaced, so workers refuse
+        the call's copies when its tool is not idempotent. The call is answered "may
+        have run" when its tool is not idempotent, and published again otherwise."""
+        prefix = self.settings.key_prefix
+        if stamped and stamped == self.epochs.known:
+            epoch = renew_epoch(self._redis, prefix, stamped)
+            if self.epochs.lost_marker(epoch):
+                note_loss(self._redis, prefix, "orchestrator", "a published call's marker", epoch)
+            self._publisher.epoch = epoch
+        if self._idempotent(call):
+            log.warning("Redis lost call %s to %s; publishing it again", call.task_id, call.tool)
+            self._after(self._publisher.publish([call]))
+            return
+        log.error(
+            "Redis lost call %s to non-idempotent tool %s: answered as may have run",
+            call.task_id,
+            call.tool,
+        )
+        verdict = ToolResult.error("redelivered", records_lost_text(call.tool))
+        with self._lock:
+            future = self._futures.get(call.task_id)
+        if future is not None:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                future.set_result({"status": VERDICT, "task_id": call.task_id, "verdict": verdict})
+
+    def _idempotent(self, call: PreparedCall) -> bool:
+        """Whether ``call``'s tool may run twice: as its worker's spec says, else as this
+        process's policy says."""
+        stated = call.spec.options.get("idempotent") if call.spec is not None else None
+        if isinstance(stated, bool):
+            return stated
+        return self.policies.for_tool(call.tool).idempotent
+
     def _result(self, call: PreparedCall, meta: dict[str, Any]) -> ToolResult:
+        verdict = meta.get("verdict") if meta.get("status") == VERDICT else None
+        if isinstance(verdict, ToolResult):
+            self.lost.answered(call, verdict)
+            return verdict
         result = result_from_meta(
             meta,
             call.tool,
@@ -355,7 +433,14 @@ class CeleryDispatcher:
         """Publish again a call nobody will: its claimer died before publishing it, or
         Redis lost its marker and its message."""
         try:
+            if time.monotonic() - self._epoch_read_at >= EPOCH_READ_INTERVAL:
+                self._read_epoch()
             if self._publisher.abandoned(call):
+                with self._lock:
+                    stamped = self._sent.get(call.task_id)
+                if stamped is not None:
+                    self._records_lost(call, stamped)
+                    return
                 log.warning(
                     "call %s has neither a marker nor a result; publishing it", call.task_id
                 )
@@ -461,6 +546,10 @@ class CeleryDispatcher:
             self._amqp.close()
         if self._owns_app and self._app is not None:
             self._app.close()
+
+
+def _how(missing: bool) -> str:
+    return "the epoch key was missing" if missing else "the epoch changed"
 
 
 def _bounded(seconds: float, calls: Sequence[PreparedCall]) -> float:

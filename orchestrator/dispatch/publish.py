@@ -58,6 +58,7 @@ from orchestrator.dispatch.envelope import (
 from orchestrator.dispatch.link import LinkHealth
 from orchestrator.dispatch.loop_redis import LoopClients
 from orchestrator.tracing import publishing
+from tool_workers.contract.epoch import EPOCH_HEADER
 from tool_workers.contract.errors import DispatchError, ResultTimeout, ToolfleetError
 from tool_workers.contract.marker import LUA_READ, marker_key
 from tool_workers.contract.settings import Settings
@@ -248,6 +249,10 @@ class Publisher:
         )
         self._in_flight: dict[str, concurrent.futures.Future[None]] = {}
         """Calls of async batches being published, by task id: the batch's end."""
+        self.epoch = ""
+        """The epoch of toolfleet's records the messages name (:mod:`tool_workers.contract.epoch`;
+        ``""``: not read yet). An older one than Redis's is safe: a worker then refuses
+        a non-idempotent call of it only when its marker is gone too."""
         self._token = uuid.uuid4().hex
         self._marker_value = f'{{"t":"{self._token}"}}'
         self._pending_value = f'{{"t":"{self._token}","p":1}}'
@@ -450,8 +455,12 @@ class Publisher:
         return call.queue or self._default_queue
 
     def message(self, call: PreparedCall) -> TaskMessage:
-        """The call's task message, answered on this publisher's reply channel."""
-        return task_message(call, self.reply_to, self._settings.signing_key)
+        """The call's task message, answered on this publisher's reply channel, naming
+        the epoch of toolfleet's records this publisher knows."""
+        message = task_message(call, self.reply_to, self._settings.signing_key)
+        if self.epoch:
+            message.headers[EPOCH_HEADER] = self.epoch
+        return message
 
     def _push_args(
         self, calls: Sequence[PreparedCall], signalled: bool
