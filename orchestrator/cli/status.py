@@ -66,6 +66,7 @@ from orchestrator.dispatch.registry import served_versions
 from tool_workers.contract.amqp import broker_queue_name
 from tool_workers.contract.broker import create_app
 from tool_workers.contract.connections import redis_client
+from tool_workers.contract.epoch import read_losses
 from tool_workers.contract.fleet import read_entries
 from tool_workers.contract.models import WorkerEntry
 from tool_workers.contract.names import (
@@ -162,6 +163,9 @@ class FleetStatus:
     """Per worker kind: the queues and broker keys its calls wait in."""
     warnings: list[str] = field(default_factory=list)
     """Routing problems: a queue whose consumers do not all serve the tools sent there."""
+    data_losses: list[dict[str, Any]] = field(default_factory=list)
+    """Losses of toolfleet's records in Redis that a worker or orchestrator noticed,
+    newest first (:mod:`tool_workers.contract.epoch`): ``at``, ``side``, ``host``, ``how``."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form (``toolfleet status --json``)."""
@@ -188,6 +192,7 @@ def collect(settings: Settings, *, app: Celery | None = None, timeout: float = 2
         warnings = routing_warnings(entries, routes)
         placement = live_placement(_placement(client, settings))
         duplicates = _twins(client, settings, [e.worker for e in entries])
+        losses = read_losses(client, settings.key_prefix)
     finally:
         client.close()
     active, unresponsive = _active(app, [e.worker for e in entries], timeout)
@@ -226,6 +231,7 @@ def collect(settings: Settings, *, app: Celery | None = None, timeout: float = 2
         routes,
         kinds,
         warnings,
+        losses,
     )
 
 
@@ -538,6 +544,14 @@ def render(status: FleetStatus, console: Console) -> None:
     if status.unresponsive:
         console.print(
             f"[yellow]did not answer inspect active:[/] {escape(', '.join(status.unresponsive))}"
+        )
+    for loss in status.data_losses[:3]:
+        noticed = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(loss["at"]))
+        console.print(
+            f"[red]Redis lost toolfleet's records[/] (noticed {noticed} by the "
+            f"{escape(loss['side'])} on {escape(loss['host'])}: {escape(loss['how'])}); "
+            "non-idempotent calls published before were answered as may have run: "
+            "keep Redis persistent (AOF)"
         )
     for name in status.duplicates:
         console.print(
