@@ -30,8 +30,8 @@ from redis.exceptions import RedisError
 from orchestrator import fairshare
 from orchestrator.agent import async_checkpointer
 from orchestrator.dispatch.fleet import dispatcher_for
+from orchestrator.server import a2a, mcp, openapi
 from orchestrator.server import late as late_records
-from orchestrator.server import mcp, openapi
 from orchestrator.server.assistant_store import AssistantStore
 from orchestrator.server.auth import TokenAuth
 from orchestrator.server.connections import ConnectionGuard, ConnectionLimits, connection_cap
@@ -55,6 +55,7 @@ from orchestrator.server.routes import (
     runs,
     store_items,
     system,
+    thread_commands,
     thread_edits,
     thread_stream,
     threads,
@@ -140,6 +141,7 @@ def create_app(
         assistant_graphs.router,
         crons.router,
         thread_edits.router,
+        thread_commands.router,
         thread_stream.router,
         threads.router,
         run_batches.router,
@@ -148,6 +150,7 @@ def create_app(
     ):
         app.include_router(router)
     mcp.install(app)  # the fleet's tools and the assistants to MCP clients
+    app.include_router(a2a.router)  # each assistant as an A2A agent
     # Outermost of the app's own layers: refusals here never reach routing or a body read.
     app.add_middleware(
         Guard,
