@@ -27,6 +27,27 @@ class CutProxy(DelayProxy):
             return
         await super()._accept(reader, writer)
 
+    def cut(self) -> None:
+        """Drop every connection and refuse new ones until :meth:`heal`."""
+
+        async def cut() -> None:
+            self.down = True
+            for task in list(self._tasks):
+                task.cancel()
+
+        asyncio.run_coroutine_threadsafe(cut(), self._loop).result(timeout=10)
+
+    def heal(self) -> None:
+        """Accept connections again."""
+        self.down = False
+
+    def retarget(self, host: str, port: int) -> None:
+        """Forward to ``host:port`` from now on; every connection to the old target is
+        dropped (clients reconnect, as to a failover's new primary)."""
+        self.target = (host, port)
+        self.cut()
+        self.heal()
+
     def outage(self, down_for: float) -> None:
         """Drop every connection, refuse new ones for ``down_for`` seconds, then accept."""
 
