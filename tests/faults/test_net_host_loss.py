@@ -34,12 +34,15 @@ RUNNING_WITHIN = 15.0
 
 
 def default_fleet(
-    make_fleet: Callable[..., NetFleet], broker: str, request: pytest.FixtureRequest
+    make_fleet: Callable[..., NetFleet],
+    broker: str = "redis",
+    request: pytest.FixtureRequest | None = None,
 ) -> NetFleet:
     """Two worker hosts with the default policy (300 s limit, 30 s redelivery margin), on
     ``broker``: RabbitMQ for the calls (through a proxy on the test subnet) and Redis for
     the rest, or Redis for all."""
     if broker == "rabbitmq":
+        assert request is not None
         request.getfixturevalue("amqp_url")  # fails, naming the server, if it does not answer
     fleet = make_fleet(config=DEFAULT_POLICY, redelivery_margin=30.0, broker=broker)
     policies = fleet.settings.policies()

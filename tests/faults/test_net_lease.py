@@ -81,13 +81,15 @@ def cut_trial(fleet: NetFleet, tool: str) -> tuple[str, Any, HostWorker, HostWor
 
 
 def test_an_idempotent_call_of_a_cut_off_worker_runs_elsewhere_and_the_late_result_is_refused(
-    net_fleet: Callable[..., NetFleet],
+    net_fleet: Callable[..., NetFleet], broker: str, request: pytest.FixtureRequest
 ) -> None:
     """Given an idempotent call that finishes on a worker cut off for 60 s, then it runs
     again on the other worker within seconds, the model gets that one answer, the stale
     worker's result stored after the heal does not replace it, and the call runs no third
-    time."""
-    fleet = default_fleet(net_fleet)
+    time. On RabbitMQ the call is handed on as a copy; RabbitMQ gives the original back
+    too, once its heartbeat closes the cut-off worker's connection (20 to 30 s into the
+    cut), and that delivery is dropped unrun."""
+    fleet = default_fleet(net_fleet, broker, request)
     task_id, message, victim, survivor, answered = cut_trial(fleet, "step")
 
     assert message.status == "success", message.content
@@ -101,8 +103,10 @@ def test_an_idempotent_call_of_a_cut_off_worker_runs_elsewhere_and_the_late_resu
     assert victim.log_file is not None
     log = victim.log_file.read_text(errors="replace")
     assert "lease lapsed" in log, log[-3000:]
-    # Its late store was refused, or its execution stopped before it could try again.
-    assert "did not store a state of call" in log or "stopping call" in log, log[-3000:]
+    # Its late store was refused (kept as the call's late result), or its execution
+    # stopped before it could try again.
+    refused = ("did not store a state of call", "late result of call", "stopping call")
+    assert any(line in log for line in refused), log[-3000:]
     print(*[line for line in log.splitlines() if "handed on" in line or "stopping" in line],
           sep="\n")  # fmt: skip
 

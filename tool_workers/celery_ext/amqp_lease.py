@@ -48,8 +48,10 @@ from typing import Any
 import redis
 
 from tool_workers.celery_ext.fence import COPY_HEADER, HOLDING_HEADER, held_key, holding_of
-from tool_workers.celery_ext.lease import Lease, leases_key
+from tool_workers.celery_ext.lease import Lease, install, leases_key, start_lease
+from tool_workers.contract.connections import redis_client
 from tool_workers.contract.marker import LUA_READ
+from tool_workers.contract.settings import Settings
 
 log = logging.getLogger("toolfleet.worker")
 
@@ -305,6 +307,31 @@ class AmqpLease(Lease):
     def stop(self) -> None:
         super().stop()
         self._drop_broker()
+
+
+def start_worker_lease(settings: Settings, retention: float, app: Any) -> Lease | None:
+    """Start this worker process's lease, on either broker: on RabbitMQ an
+    :class:`AmqpLease` in the Redis of the results and markers, publishing copies with
+    ``app``; on Redis :func:`tool_workers.celery_ext.lease.start_lease`'s.
+
+    Args:
+        settings: The worker's settings.
+        retention: Seconds the holdings record outlives a renewal: the visibility timeout.
+        app: The worker's Celery app.
+    """
+    if not settings.broker_is_amqp:
+        return start_lease(settings, retention)
+    lease = AmqpLease(
+        redis_client(settings.own_redis_url, settings),
+        settings.key_prefix,
+        "",
+        ttl=settings.lease_ttl,
+        refresh=settings.lease_refresh,
+        retention=retention,
+    )
+    lease.app = app
+    install(lease)
+    return lease.start()
 
 
 def _text(value: Any) -> str:

@@ -399,36 +399,20 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def start_lease(settings: Settings, retention: float, app: Any = None) -> Lease | None:
+def start_lease(settings: Settings, retention: float) -> Lease | None:
     """Start this worker process's lease and make the transport hold deliveries under it.
 
-    On RabbitMQ the lease lives in the Redis of the results and markers, and a lapsed
-    lease's calls are handed on by publishing copies
-    (:mod:`tool_workers.celery_ext.amqp_lease`): RabbitMQ itself gives them back only
-    when its heartbeat notices the dead connection. None (no lease: a lost worker's calls
-    come back after the visibility timeout) when, on Redis, the result backend is another
-    Redis than the broker: the fence of a call is checked against its holding in one
-    script, so both must live in one server.
+    None (no lease: a lost worker's calls come back after the visibility timeout) when
+    the result backend is another Redis than the broker: the fence of a call is checked
+    against its holding in one script, so both must live in one server. On RabbitMQ the
+    lease is :func:`tool_workers.celery_ext.amqp_lease.start_worker_lease`'s.
 
     Args:
         settings: The worker's settings (``lease_ttl``, ``lease_refresh``, the broker).
         retention: Seconds the holdings record outlives a renewal: the visibility timeout.
-        app: The worker's Celery app (on RabbitMQ: where handed-on copies are published).
     """
     if settings.broker_is_amqp:
-        from tool_workers.celery_ext.amqp_lease import AmqpLease
-
-        amqp_lease = AmqpLease(
-            redis_client(settings.own_redis_url, settings),
-            settings.key_prefix,
-            "",
-            ttl=settings.lease_ttl,
-            refresh=settings.lease_refresh,
-            retention=retention,
-        )
-        amqp_lease.app = app
-        install(amqp_lease)
-        return amqp_lease.start()
+        return None  # tool_workers.celery_ext.amqp_lease
     if settings.backend_url != settings.broker_url:
         log.warning(
             "the result backend is another Redis than the broker: no worker lease, a lost "

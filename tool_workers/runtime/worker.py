@@ -23,10 +23,11 @@ from celery.concurrency.prefork import TaskPool as PreforkPool
 from pydantic import ValidationError
 
 from tool_workers.builtin.sandbox import sandbox_isolation
+from tool_workers.celery_ext.amqp_lease import start_worker_lease
 from tool_workers.celery_ext.drain import install as install_hand_back
 from tool_workers.celery_ext.event_loop import LimitWatchdog, spare_storing_calls
 from tool_workers.celery_ext.hand_on import HandOn
-from tool_workers.celery_ext.lease import Lease, start_lease, stop_stale_calls
+from tool_workers.celery_ext.lease import Lease, stop_stale_calls
 from tool_workers.celery_ext.redaction import quiet_celery_trace
 from tool_workers.celery_ext.soft_limit import mark, share_phases
 from tool_workers.celery_ext.transport import install as install_transport
@@ -112,7 +113,7 @@ def _start_metrics(**_: Any) -> None:
     tracing.start()
     # Before the consumer takes its first call: every delivery is held under the lease.
     global _lease
-    _lease = start_lease(
+    _lease = start_worker_lease(
         settings, visibility_timeout(settings.policies(), settings.redelivery_margin), app
     )
 
