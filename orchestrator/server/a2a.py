@@ -28,9 +28,9 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from importlib.metadata import version
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
@@ -40,7 +40,7 @@ from orchestrator.server.eventlog import END, FollowerDropped
 from orchestrator.server.records import RunRecord
 from orchestrator.server.routes.assistant_graphs import graph_schemas
 from orchestrator.server.runconfig import thread_config
-from orchestrator.server.schemas import RunCreate
+from orchestrator.server.schemas import ID_MAX_CHARS, ItemId, RunCreate
 from orchestrator.server.services import Services
 from orchestrator.server.tenancy import thread_key
 
@@ -155,23 +155,38 @@ async def _assistant(
 
 
 def _card_error(exc: RpcError) -> Response:
-    return JSONResponse({"error": {"code": exc.code, "message": exc.message}}, status_code=400)
+    # 404, as every route of this server answers for an unknown assistant (LangGraph's
+    # server: 400); the body is LangGraph's.
+    return JSONResponse({"error": {"code": exc.code, "message": exc.message}}, status_code=404)
 
 
-@router.get("/.well-known/agent-card.json")
-async def well_known_card(request: Request, assistant_id: str | None = None) -> Response:
-    """The agent card of the assistant ``assistant_id`` names (400 without one)."""
-    if not assistant_id:
-        return _card_error(
-            RpcError(INVALID_PARAMS, "Missing required query parameter: assistant_id")
-        )
+_CARD_RESPONSES: dict[int | str, dict[str, Any]] = {
+    404: {"description": "No such assistant of the tenant"}
+}
+_RPC_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The JSON-RPC response (an SSE stream of them for message/stream)",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    },
+    202: {"description": "A JSON-RPC response was sent: acknowledged"},
+    400: {"description": "The Accept header does not allow the method's answer"},
+}
+
+
+@router.get("/.well-known/agent-card.json", responses=_CARD_RESPONSES)
+async def well_known_card(
+    request: Request,
+    assistant_id: Annotated[str, Query(min_length=1, max_length=ID_MAX_CHARS)],
+) -> Response:
+    """The agent card of the assistant ``assistant_id`` names (a 422 naming it without
+    one; LangGraph's server answers 400)."""
     return await _card(request, assistant_id)
 
 
-@router.get("/a2a/{assistant_id}/.well-known/agent-card.json")
+@router.get("/a2a/{assistant_id}/.well-known/agent-card.json", responses=_CARD_RESPONSES)
 @router.get("/a2a/{assistant_id}/.well-known/agent.json", include_in_schema=False)
 @router.get("/a2a/{assistant_id}", include_in_schema=False)
-async def assistant_card(request: Request, assistant_id: str) -> Response:
+async def assistant_card(request: Request, assistant_id: ItemId) -> Response:
     """The agent card of the assistant."""
     return await _card(request, assistant_id)
 
@@ -185,7 +200,7 @@ async def _card(request: Request, assistant_id: str) -> Response:
 
 
 @router.delete("/a2a/{assistant_id}", include_in_schema=False)
-async def no_session(assistant_id: str) -> Response:
+async def no_session(assistant_id: ItemId) -> Response:
     """No session to end (as LangGraph's server: 405)."""
     return Response(status_code=405)
 
@@ -208,8 +223,8 @@ def _accepts(header: str, media_type: str) -> bool:
     return False
 
 
-@router.post("/a2a/{assistant_id}")
-async def rpc(request: Request, assistant_id: str) -> Response:
+@router.post("/a2a/{assistant_id}", responses=_RPC_RESPONSES, response_class=JSONResponse)
+async def rpc(request: Request, assistant_id: ItemId) -> Response:
     """One A2A JSON-RPC 2.0 call to the assistant (see the module's description)."""
     try:
         message = json.loads(await request.body())
