@@ -13,10 +13,16 @@ the fleet's tool-call events and is always recorded), and each part becomes one 
 - ``events``: the run goes through ``graph.astream_events`` (v2) instead; the graph's own
   stream parts come out as above, every other callback event as an ``events`` event;
 - any other mode: its part as it is (``mode|<namespace>`` for subgraphs).
+
+A run started by a thread command (:class:`ProtocolRun`, ``POST /threads/{id}/commands``)
+goes through ``graph.astream_events`` (``version="v3"``) instead, as on LangGraph's server:
+each of its events is recorded whole (``{"type": "event", "method", "params"}``), named
+``method|<namespace>``; :mod:`orchestrator.server.threadevents` numbers and filters them.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -26,6 +32,17 @@ from langgraph.types import Command
 from orchestrator.fairshare import TENANT_KEY
 from orchestrator.server.encoding import checkpoint_of
 from orchestrator.server.schemas import RunCreate
+
+
+class ProtocolRun(RunCreate):
+    """A run a thread command started: recorded as the thread-centric protocol's events.
+
+    Never a request body of its own: the command route builds it from ``run.start`` or
+    ``input.respond``, after which it is a run like any other (record, queue, log)."""
+
+
+PROTOCOL_OPTIONS = ("interrupt_before", "interrupt_after", "durability", "context")
+"""Run fields passed on to the protocol's stream (it chooses its own modes)."""
 
 GRAPH_MODES = {"messages-tuple": "messages", "events": None}
 """The graph stream mode behind a requested one (``None``: none, ``events`` is not one)."""
@@ -72,6 +89,10 @@ class RunStream:
 
     async def events(self, graph: Any, config: dict[str, Any]) -> AsyncIterator[tuple[str, Any]]:
         """Run the graph; yield ``(event name, data)`` as it streams."""
+        if isinstance(self.body, ProtocolRun):
+            async for event in self._protocol_events(graph, config):
+                yield event
+            return
         if "events" not in self.requested:
             async for item in graph.astream(self._payload(), config, **self._options()):
                 for event in self._part(item):
@@ -88,6 +109,25 @@ class RunStream:
                     yield event
             else:
                 yield "events", raw
+
+    async def _protocol_events(
+        self, graph: Any, config: dict[str, Any]
+    ) -> AsyncIterator[tuple[str, Any]]:
+        options = {
+            name: value
+            for name in PROTOCOL_OPTIONS
+            if (value := getattr(self.body, name)) is not None
+        }
+        with warnings.catch_warnings():  # langgraph marks the v3 stream experimental
+            warnings.simplefilter("ignore")
+            stream = await graph.astream_events(self._payload(), config, version="v3", **options)
+        async with stream:
+            async for event in stream:
+                if not isinstance(event, dict):
+                    continue
+                params = event.get("params") or {}
+                namespace = [str(n) for n in params.get("namespace") or ()]
+                yield "|".join([str(event.get("method", "")), *namespace]), event
 
     def _part(self, item: Any) -> Iterable[tuple[str, Any]]:
         namespace: tuple[str, ...] = ()

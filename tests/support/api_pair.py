@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -48,20 +49,23 @@ class ApiPair:
 
 
 def api_pair(
-    settings: Settings, tmp_path_factory: pytest.TempPathFactory, tokens: tuple[str, ...]
+    settings: Settings,
+    tmp_path_factory: pytest.TempPathFactory,
+    tokens: tuple[str, ...],
+    project: Path = PROJECT,
 ) -> Iterator[ApiPair]:
-    """The body of a module fixture: both servers started, then stopped (toolfleet's
-    accepting ``tokens``, each a tenant of its own)."""
+    """The body of a module fixture: both servers started on ``project``, then stopped
+    (toolfleet's accepting ``tokens``, each a tenant of its own)."""
     ours = start_server(
         settings,
         tmp_path_factory.mktemp("parity-toolfleet"),
         "parity",
-        args=("--config", str(PROJECT)),
+        args=("--config", str(project)),
         model=None,
         api_tokens=tokens,
     )
     try:
-        theirs = start_langgraph_dev(settings, PROJECT, tmp_path_factory.mktemp("parity-lg"))
+        theirs = start_langgraph_dev(settings, project, tmp_path_factory.mktemp("parity-lg"))
     except BaseException:
         ours.stop()
         raise
