@@ -6,9 +6,9 @@ Routes (a token needed, as on every other route; the assistant is the caller's t
   ``GET /a2a/<id>/.well-known/agent-card.json`` (or ``agent.json``): the agent card.
 - ``POST /a2a/<id>``: JSON-RPC 2.0. ``message/send`` and ``message/stream`` (SSE) start an
   ordinary run of the assistant on a thread (the A2A ``contextId``; a new thread when
-  the message has none), seen in the thread's runs like any other; ``tasks/get`` and
-  ``tasks/cancel`` read and cancel it; ``agent/getAuthenticatedExtendedCard`` answers the
-  card. The A2A 1.0 names (``SendMessage``, ``SendStreamingMessage``, ``GetTask``,
+  the message has none), seen in the thread's runs like any other; ``tasks/get`` reads
+  the task, ``tasks/cancel`` cancels its running run or ends its wait for input;
+  ``agent/getAuthenticatedExtendedCard`` answers the card. The A2A 1.0 names (``SendMessage``, ``SendStreamingMessage``, ``GetTask``,
   ``CancelTask``, ``GetExtendedAgentCard``) are accepted too and answered in 1.0's form
   (``TASK_STATE_*``, ``ROLE_*``, ``{"task": ...}``), the slash names in the 0.3 form the
   ``a2a-sdk`` client reads. ``ListTasks`` is answered ``-32004`` (unsupported).
@@ -39,8 +39,9 @@ from orchestrator.server.errors import Conflict, NotFound, RequestRefused
 from orchestrator.server.eventlog import END, FollowerDropped
 from orchestrator.server.records import RunRecord
 from orchestrator.server.routes.assistant_graphs import graph_schemas
+from orchestrator.server.routes.thread_edits import update_state
 from orchestrator.server.runconfig import thread_config
-from orchestrator.server.schemas import ID_MAX_CHARS, ItemId, RunCreate
+from orchestrator.server.schemas import ID_MAX_CHARS, ItemId, RunCreate, ThreadStateUpdate
 from orchestrator.server.services import Services
 from orchestrator.server.tenancy import thread_key
 
@@ -681,6 +682,31 @@ class _Call:
             state = "TASK_STATE_INPUT_REQUIRED"
         return run, state
 
+    async def _end_waiting(self, run: RunRecord, task_id: str) -> None:
+        """Cancel a task that waits for input, as LangGraph's server does: a run of the
+        task that never starts, cancelled (the task's latest run: ``canceled``), and the
+        thread's pending interrupt ended (a checkpoint as node ``__end__``)."""
+        marker_body = RunCreate(
+            assistant_id=self.assistant_id,
+            metadata={"a2a": {"task_id": task_id}},
+            after_seconds=3600,  # it is cancelled before it could start
+        )
+        marker = await self.svc.runs.start_run(self.tenant, run.thread_id, marker_body)
+        try:
+            await self.svc.runs.cancel(marker, "interrupt")
+            await self.svc.runs.wait_done(marker)
+            await update_state(
+                self.svc,
+                self.tenant,
+                run.thread_id,
+                ThreadStateUpdate(values=None, as_node="__end__"),
+            )
+        except BaseException:
+            marker = await self.svc.runs.refresh(marker)
+            if marker.done:
+                await self.svc.store.delete_run(marker)
+            raise
+
     async def get(self, params: dict[str, Any]) -> dict[str, Any]:
         """``tasks/get``: the task's state and history."""
         task_id, context_id = _task_params(params)
@@ -709,13 +735,14 @@ class _Call:
         run, state = await self._task(task_id, context_id)
         if state in TERMINAL:
             raise RpcError(NOT_CANCELABLE, "Task is not cancelable in its current state")
-        if state == "TASK_STATE_INPUT_REQUIRED" or run.done:
-            raise RpcError(NOT_CANCELABLE, "Task has no active run to cancel")
-        try:
-            await self.svc.runs.cancel(run, "interrupt")
-        except Conflict:
-            raise RpcError(NOT_CANCELABLE, "Task has no active run to cancel") from None
-        await self.svc.runs.wait_done(run)
+        if state == "TASK_STATE_INPUT_REQUIRED":
+            await self._end_waiting(run, task_id)
+        else:
+            try:
+                await self.svc.runs.cancel(run, "interrupt")
+            except Conflict:
+                raise RpcError(NOT_CANCELABLE, "Task has no active run to cancel") from None
+            await self.svc.runs.wait_done(run)
         return {
             "kind": "task",
             "id": task_id,

@@ -18,7 +18,9 @@ from a2a.client.errors import A2AClientJSONRPCError
 from a2a.types import Message, Part, Role, Task, TaskIdParams, TaskQueryParams, TextPart
 
 from tests.support.api_pair import ApiPair, api_pair
-from tests.support.serving import ServerProcess, prefork_fleet, run
+from tests.support.fleet import REPO
+from tests.support.langgraph_dev import start_langgraph_dev
+from tests.support.serving import ServerProcess, prefork_fleet, run, start_server
 from tool_workers.contract.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
@@ -284,3 +286,114 @@ def test_a2a_is_the_tenants_alone(pair: ApiPair) -> None:
             ]
 
     assert run(scenario()) == [401, 401, 200, 404, -32001, -32001, "completed", 1, 1]
+
+
+ASKER = REPO / "tests" / "a2a_project" / "langgraph.json"
+"""A project whose one graph asks a question (an interrupt), then greets the answer."""
+
+
+@pytest.fixture(scope="module")
+def asker_pair(
+    prefork_fleet: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ApiPair]:
+    ours = start_server(
+        prefork_fleet,
+        tmp_path_factory.mktemp("a2a-asker-toolfleet"),
+        "asker",
+        args=("--config", str(ASKER)),
+        model=None,
+    )
+    try:
+        theirs = start_langgraph_dev(prefork_fleet, ASKER, tmp_path_factory.mktemp("a2a-asker"))
+    except BaseException:
+        ours.stop()
+        raise
+    try:
+        yield ApiPair(ours, theirs)
+    finally:
+        theirs.stop()
+        ours.stop()
+
+
+def test_a2a_task_that_needs_input(asker_pair: ApiPair) -> None:
+    """Given a graph that asks a question, when an A2A client sends a message, then the
+    task needs input (its artifact the question) and the answer sent to the task resumes
+    it to completion with the greeting, a resume of the done task refused; a second such
+    task, cancelled while it waits, is canceled and takes no answer, on both servers."""
+
+    async def scenario(server: ServerProcess) -> list[Any]:
+        headers = _headers(asker_pair, server)
+        async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=60) as http:
+            found = await http.post("/assistants/search", json={"graph_id": "asker"})
+            assistant = found.json()[0]["assistant_id"]
+            card = await A2ACardResolver(http, server.url).get_agent_card(
+                relative_card_path=f"/.well-known/agent-card.json?assistant_id={assistant}"
+            )
+            client = ClientFactory(ClientConfig(streaming=False, httpx_client=http)).create(card)
+
+            async def send(message: Message) -> Any:
+                try:
+                    return [e async for e in client.send_message(message)][-1][0]
+                except A2AClientJSONRPCError as exc:
+                    return exc.error.code
+
+            asked = await send(_text("hi"))
+            waiting = await client.get_task(TaskQueryParams(id=asked.id))
+            done = await send(_text("Ada", context_id=asked.context_id, task_id=asked.id))
+            resume_done = {
+                "jsonrpc": "2.0",
+                "id": 9,
+                "method": "message/send",
+                "params": {
+                    "message": {
+                        **_text("x", asked.context_id, done.id).model_dump(
+                            mode="json", exclude_none=True
+                        ),
+                        "parts": [{"kind": "data", "data": {"resume": "again"}}],
+                    }
+                },
+            }
+            refused = await http.post(
+                f"/a2a/{assistant}", json=resume_done, headers={"Accept": "application/json"}
+            )
+            second = await send(_text("hi"))
+            cancelled = await client.cancel_task(TaskIdParams(id=second.id))
+            after = await client.get_task(TaskQueryParams(id=second.id))
+            late = await send(_text("Bob", context_id=second.context_id, task_id=second.id))
+            state = (await http.get(f"/threads/{second.context_id}")).json()["status"]
+            return [
+                asked.status.state.value,
+                [
+                    [p.root.model_dump(mode="json", exclude_none=True) for p in a.parts]
+                    for a in asked.artifacts or []
+                ],
+                waiting.status.state.value,
+                done.id == asked.id,
+                done.status.state.value,
+                [_texts(a.parts) for a in done.artifacts or []],
+                refused.json()["error"]["code"],
+                cancelled.status.state.value,
+                after.status.state.value,
+                late,
+                state,
+            ]
+
+    ours = run(scenario(asker_pair.toolfleet))
+    theirs = run(scenario(asker_pair.langgraph))
+
+    for answer in (ours, theirs):  # interrupt ids are the server's own
+        for artifact in answer[1]:
+            for part in artifact:
+                part["data"].pop("id", None)
+    assert ours == theirs
+    assert ours[0] == ours[2] == "input-required"
+    assert ours[1] == [[{"kind": "data", "data": {"value": "What is your name?"}}]]
+    assert ours[4:] == [
+        "completed",
+        [["hello Ada"]],
+        -32004,
+        "canceled",
+        "canceled",
+        -32004,
+        "idle",
+    ]
