@@ -35,7 +35,9 @@ from tool_workers.celery_ext.envelope import (
     usable_task_id,
 )
 from tool_workers.celery_ext.event_loop import steady_retries
+from tool_workers.celery_ext.fence import HOLDING_HEADER, holding_in
 from tool_workers.celery_ext.hand_on import HandOn, NotServed
+from tool_workers.contract.marker import CallMarker, marker_key
 from tool_workers.contract.names import tool_from_task
 from tool_workers.observability import metrics as worker_metrics
 
@@ -137,6 +139,18 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
 
         return on_task_received
 
+    def on_close(self) -> None:
+        """The connection is gone (a reset, a reconnect): Celery forgets the calls it had
+        reserved and not started, which RabbitMQ gives back to the queue; their holdings
+        under the lease go too, at the lease's next renewal (a pool process that reaches
+        one afterwards finds it released, and drops it unrun)."""
+        lease = leases.current()
+        if lease is not None:
+            for request in list(worker_state.reserved_requests):
+                if request not in worker_state.active_requests:
+                    lease.release(holding_in(request.request_dict.get(HOLDING_HEADER)))
+        super().on_close()
+
     def _handed_on(self, message: Any) -> bool:
         """Hand on (or answer) a call this worker does not serve at the version asked
         (:mod:`tool_workers.celery_ext.hand_on`); ``False``: it runs here."""
@@ -186,6 +200,17 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
             # A Celery retry of the running attempt (same task id, the next retry number),
             # sent just before that attempt ends: a new attempt, not a redelivery.
             return False
+        if not self._start_recorded(task_id):
+            # Redis lost the call's records (a restart without persistence, FLUSHALL, a
+            # failover to a replica behind) and the call was published again: the running
+            # attempt can no longer store its result, so the copy runs (its start decides,
+            # tool_workers.contract.epoch: a non-idempotent call is refused there).
+            log.warning(
+                "call %s is running on this worker, but Redis lost its start; not dropping "
+                "its new delivery",
+                task_id,
+            )
+            return False
         if message.delivery_tag == request.message.delivery_tag and self._tags_unique():
             # Given back under its own delivery tag (kombu's Redis restore after a cut, or
             # its visibility timeout): the running attempt acknowledges that delivery when
@@ -200,6 +225,18 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
         log.warning("call %s is running on this worker already; dropped its redelivery", task_id)
         message.ack()
         return True
+
+    def _start_recorded(self, task_id: str) -> bool:
+        """Whether the call's marker counts a start (the running attempt's, which stores
+        the result); ``True`` when Redis cannot be read (the copy is dropped, as before)."""
+        prefix = str(self.app.conf.get("toolfleet_key_prefix") or "toolfleet:")
+        try:
+            raw = self.app.backend.client.get(marker_key(prefix, task_id))
+        except Exception as exc:  # unreachable: keep the running attempt's claim
+            log.warning("could not read the marker of call %s: %r", task_id, exc)
+            return True
+        marker = CallMarker.parse(raw)
+        return marker is not None and marker.starts > 0
 
     def _tags_unique(self) -> bool:
         """Whether a delivery tag names one delivery across channels: kombu's Redis
