@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,8 +26,9 @@ from langchain_core.messages import ToolMessage
 from orchestrator import CeleryToolMiddleware, discover_tools, dispatcher_for
 from orchestrator.cli.status import collect
 from orchestrator.local import EmbeddedRedis
+from tests.support.amqp import AMQP_NAMESPACES
 from tests.support.cut_proxy import CutProxy
-from tests.support.fleet import REPO, one_turn, started_calls, wait_until
+from tests.support.fleet import REPO, new_namespace, one_turn, started_calls, wait_until
 from tool_workers.contract.broker import create_app
 from tool_workers.contract.epoch import epoch_key, read_epoch, read_losses
 from tool_workers.contract.settings import Settings
@@ -134,6 +136,16 @@ def _ledger(path: Path) -> dict[str, collections.Counter[str]]:
     return runs
 
 
+def _pid_of(ledger: Path, tag: str) -> int | None:
+    """The process whose execution of ``tag`` the ledger noted first."""
+    if ledger.exists():
+        for line in ledger.read_text().splitlines():
+            _kind, noted, pid = line.split()
+            if noted == tag:
+                return int(pid)
+    return None
+
+
 def run_through_loss(
     scenario: str,
     mode: str,
@@ -164,7 +176,11 @@ def run_through_loss(
         suffix = settings.namespace.rsplit("-", 1)[-1]
         workers = [
             start_worker(
-                settings, pool="threads", concurrency=8, name=f"tf-loss-{w}-{suffix}", extra_env=env
+                settings,
+                pool="threads",
+                concurrency=12,
+                name=f"tf-loss-{w}-{suffix}",
+                extra_env=env,
             )
             for w in "ab"
         ]
@@ -314,3 +330,90 @@ def test_a_wide_fan_out_survives_repeated_losses_of_redis_data(
             scenario, mode, make_settings, start_worker, workdir, calls_each=10, seconds=6.0
         )
         check(outcome, 10)
+
+
+def test_a_redelivery_to_another_worker_after_a_loss_is_refused(
+    make_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    amqp_url: str,
+    tmp_path: Path,
+) -> None:
+    """Given calls on RabbitMQ (their messages outlive Redis's data), when Redis is
+    flushed and the worker running them dies, then the non-idempotent call redelivered
+    to the other worker (which never saw it) is refused there, not run a second time;
+    the idempotent one runs again; the run ends with both answered."""
+    ledger = tmp_path / "ledger.txt"
+    namespace = new_namespace()
+    AMQP_NAMESPACES.append(namespace)
+    with EmbeddedRedis() as server:
+        settings = make_settings(
+            broker_url=amqp_url,
+            result_backend=server.url,
+            namespace=namespace,
+            config=LOSS_POLICY,
+            redelivery_margin=2.0,
+            tool_modules=("tests.ledger_tools",),
+        )
+        env = {"TOOLFLEET_TEST_LEDGER": str(ledger)}
+        workers = [
+            start_worker(settings, pool="threads", concurrency=4, name=f"tf-rmq-{n}", extra_env=env)
+            for n in (1, 2)
+        ]
+        dispatcher = dispatcher_for(settings=settings)
+        direct = redis.Redis.from_url(server.url)
+        try:
+            tools = discover_tools(
+                dispatcher=dispatcher, require=["ledger_charge", "ledger_touch"], wait=15
+            )
+            calls = [
+                ("ledger_charge", {"seconds": 3.0, "tag": "c0"}),
+                ("ledger_touch", {"seconds": 3.0, "tag": "t0"}),
+            ]
+            agent = create_agent(
+                one_turn(calls), tools, middleware=[CeleryToolMiddleware(dispatcher=dispatcher)]
+            )
+            outcome: dict[str, Any] = {}
+
+            def run() -> None:
+                try:
+                    outcome["state"] = agent.invoke({"messages": [("user", "go")]})
+                except BaseException as exc:
+                    outcome["error"] = exc
+
+            runner = threading.Thread(target=run, daemon=True)
+            runner.start()
+            wait_until(lambda: started_calls(settings) == 2, 30, "the start of both calls")
+            pid = wait_until(lambda: _pid_of(ledger, "c0"), 10, "the charge's ledger line")
+            first, second = sorted(workers, key=lambda w: w.pid != pid)
+            assert first.pid == pid
+            direct.flushall()
+            lost_at = time.monotonic()
+            first.kill()  # its calls go back to RabbitMQ, and to the other worker
+            runner.join(timeout=TIME_LIMIT + MARGIN + 30)
+            took = time.monotonic() - lost_at
+            app = create_app(settings)
+            try:
+                wait_until(lambda: _idle(app), 30, "idle workers")
+            finally:
+                app.close()
+            refused = [
+                meta
+                for key in direct.scan_iter(match=f"{namespace}:celery-task-meta-*")
+                if (meta := json.loads(direct.get(key) or b"{}"))
+                and "Redis lost its records" in json.dumps(meta)
+            ]
+        finally:
+            direct.close()
+            dispatcher.close()
+        assert not runner.is_alive(), "the run hangs after Redis lost its data"
+    assert "error" not in outcome, repr(outcome.get("error"))
+    runs = _ledger(ledger)
+    print(f"charge runs {dict(runs['charge'])}, touch runs {dict(runs['touch'])}, {took:.1f} s")
+    assert runs["charge"] == {"c0": 1}, runs["charge"]
+    assert runs["touch"]["t0"] >= 1
+    messages = [m for m in outcome["state"]["messages"] if isinstance(m, ToolMessage)]
+    assert len(messages) == 2, [m.content for m in messages]
+    assert "may have partially run" in str(messages[0].content), messages[0].content
+    assert took <= TIME_LIMIT + MARGIN, took
+    # The second worker, which never saw the call before, refused it itself.
+    assert refused and second.hostname in json.dumps(refused), refused
