@@ -8,8 +8,9 @@ Routes (a token needed, as on every other route; the assistant is the caller's t
   ordinary run of the assistant on a thread (the A2A ``contextId``; a new thread when
   the message has none), seen in the thread's runs like any other; ``tasks/get`` reads
   the task, ``tasks/cancel`` cancels its running run or ends its wait for input;
-  ``agent/getAuthenticatedExtendedCard`` answers the card. The A2A 1.0 names (``SendMessage``, ``SendStreamingMessage``, ``GetTask``,
-  ``CancelTask``, ``GetExtendedAgentCard``) are accepted too and answered in 1.0's form
+  ``agent/getAuthenticatedExtendedCard`` answers the card. The A2A 1.0 names
+  (``SendMessage``, ``SendStreamingMessage``, ``GetTask``, ``CancelTask``,
+  ``GetExtendedAgentCard``) are accepted too and answered in 1.0's form
   (``TASK_STATE_*``, ``ROLE_*``, ``{"task": ...}``), the slash names in the 0.3 form the
   ``a2a-sdk`` client reads. ``ListTasks`` is answered ``-32004`` (unsupported).
 
