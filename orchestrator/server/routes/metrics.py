@@ -8,6 +8,8 @@ tokens); it shows counts and timings, never a run's content. Series::
                                           ``after_seconds``)
     toolfleet_server_runs_max             TOOLFLEET_MAX_RUNS
     toolfleet_server_calls_in_flight      tool calls this replica waits on
+    toolfleet_server_redis_data_lost_total  losses of toolfleet's records in Redis this
+                                          replica noticed (:mod:`tool_workers.contract.epoch`)
     toolfleet_server_call_dispatch_to_start_seconds{tool}   histogram: from publishing a
                                           call to the worker's start notice
     toolfleet_server_call_result_wait_seconds{tool}         histogram: from publishing a
@@ -45,7 +47,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, FastAPI, Query, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
@@ -135,6 +137,14 @@ class _Gauges:
             "Tool calls this replica waits on.",
             self._svc.dispatcher.in_flight(),
         )
+        epochs = getattr(self._svc.dispatcher, "epochs", None)
+        if epochs is not None:
+            yield CounterMetricFamily(
+                "toolfleet_server_redis_data_lost",
+                "Losses of toolfleet's records in Redis (a restart without persistence, a "
+                "FLUSHALL, a failover to a replica behind) this replica noticed.",
+                value=epochs.losses,
+            )
         waiting = self.waiting()
         if waiting is None:
             return
