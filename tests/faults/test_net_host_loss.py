@@ -112,3 +112,31 @@ def test_a_non_idempotent_call_of_a_vanished_host_is_answered_within_seconds_not
 
 def _events(fleet: NetFleet) -> list[tuple[str, str, int, float]]:
     return read_effects(fleet.effects_file)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("tool", ["step", "pay"])
+@pytest.mark.parametrize("repeat", range(5))
+def test_a_vanished_host_costs_seconds_every_time(
+    net_fleet: Callable[..., NetFleet],
+    broker: str,
+    request: pytest.FixtureRequest,
+    tool: str,
+    repeat: int,
+) -> None:
+    """The trials above, 5 times each per broker: an idempotent call runs elsewhere, a
+    non-idempotent one is answered "may have partially run", within 15 s every time, and
+    nothing runs a third time (or, non-idempotent, a second)."""
+    fleet = default_fleet(net_fleet, broker, request)
+    content, status, rerun, answered = host_loss_trial(fleet, tool)
+    if tool == "step":
+        assert status == "success", content
+        assert rerun is not None and rerun < RUNNING_WITHIN, rerun
+        assert answered < RUNNING_WITHIN + 5, answered
+        assert [e for e, *_ in _events(fleet)] == ["start", "start", "end"]
+    else:
+        assert status == "error" and "may have partially run" in content, content
+        assert rerun is None
+        assert answered < RUNNING_WITHIN, answered
+        assert [e for e, *_ in _events(fleet)] == ["start"]

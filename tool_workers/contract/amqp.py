@@ -6,9 +6,13 @@ the result backend). The differences:
 
 * **Redelivery.** RabbitMQ gives a call back as soon as the connection of the worker
   holding it closes: at once when the worker process dies (its kernel closes the
-  socket), within the heartbeat timeout when its host vanishes. There is no visibility
-  timeout; the heartbeat is short (twice ``socket_timeout``) so a lost host is noticed in
-  seconds.
+  socket), but when its host vanishes (no FIN, no RST) only once the heartbeat (twice
+  ``socket_timeout``: 10 s) gives up on the connection, 20 to 30 s later. There is no
+  visibility timeout. The worker leases decide first, as on Redis: a lapsed lease's
+  calls are handed on as copies within ``lease_ttl`` + ``lease_refresh`` (11 s), and the
+  original is dropped unrun when RabbitMQ gives it back
+  (:mod:`tool_workers.celery_ext.amqp_lease`). The heartbeat is the fallback when no
+  worker survives to sweep.
 * **Consumer timeout.** RabbitMQ closes the channel of a consumer that holds an
   unacknowledged message longer than its ``consumer_timeout`` (30 minutes by default),
   and redelivers the message. Calls are acknowledged late, after they ran, so every task
@@ -70,7 +74,7 @@ def amqp_config(settings: Settings, hold: float) -> dict[str, Any]:
     prefix = queue_prefix(settings)
     config: dict[str, Any] = {
         # Used by RabbitMQ to close the connection of a host that stopped answering, and
-        # so to redeliver its calls.
+        # so to give back its calls (the originals: the lease's copies run first).
         "broker_heartbeat": max(2, round(2 * timeout)),
         "broker_connection_timeout": timeout,
         "broker_transport_options": {
