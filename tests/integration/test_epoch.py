@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -22,6 +23,7 @@ from tool_workers.contract.epoch import (
 )
 from tool_workers.contract.marker import marker_key
 from tool_workers.contract.settings import Settings
+from tool_workers.observability.metrics import WorkerMetrics
 
 
 @pytest.fixture
@@ -103,3 +105,13 @@ def test_noted_losses_are_read_back_and_malformed_ones_left_out(
     client.lpush(f"{settings.key_prefix}epoch:lost", b"not json", b"[1]")
     losses = read_losses(client, settings.key_prefix)
     assert [(x["side"], x["how"]) for x in losses] == [("worker", "the epoch changed")]
+
+
+def test_a_worker_counts_each_loss_it_notices(tmp_path: Path) -> None:
+    """The worker's metric of losses of Redis data goes up by one per loss noticed."""
+    metrics = WorkerMetrics(tmp_path)
+    metrics.data_lost()
+    samples = {
+        s.name: s.value for family in metrics.redis_data_lost.collect() for s in family.samples
+    }
+    assert samples["toolfleet_worker_redis_data_lost_total"] == 1.0
