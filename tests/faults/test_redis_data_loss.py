@@ -238,8 +238,12 @@ def _run(
     def run() -> None:
         try:
             payload = {"messages": [("user", "go")]}
+            # Every call at once (a sync run's thread pool runs 6 by default).
+            config: Any = {"max_concurrency": 2 * calls_each}
             outcome["state"] = (
-                agent.invoke(payload) if mode == "sync" else asyncio.run(agent.ainvoke(payload))
+                agent.invoke(payload, config)
+                if mode == "sync"
+                else asyncio.run(agent.ainvoke(payload, config))
             )
         except BaseException as exc:
             outcome["error"] = exc
