@@ -12,7 +12,8 @@ Routes (a token needed, as on every other route; the assistant is the caller's t
   (``SendMessage``, ``SendStreamingMessage``, ``GetTask``, ``CancelTask``,
   ``GetExtendedAgentCard``) are accepted too and answered in 1.0's form
   (``TASK_STATE_*``, ``ROLE_*``, ``{"task": ...}``), the slash names in the 0.3 form the
-  ``a2a-sdk`` client reads. ``ListTasks`` is answered ``-32004`` (unsupported).
+  ``a2a-sdk`` client reads. ``ListTasks`` (1.0 only) lists the assistant's tasks, in
+  one context or in the tenant's latest :data:`MAX_CONTEXTS` threads.
 
 A task id is ``<contextId>:<run id>``; a message naming a task continues it (a run on
 the same thread). Text parts become one human message each; a data part's object is
@@ -58,6 +59,12 @@ PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL = (
     -32603,
 )
 TASK_NOT_FOUND, NOT_CANCELABLE, UNSUPPORTED, CONTENT_NOT_SUPPORTED = -32001, -32002, -32004, -32005
+
+MAX_CONTEXTS = 1000
+"""Most threads ``ListTasks`` looks through without a ``contextId`` (the latest)."""
+
+MAX_RUNS = 1000
+"""Most runs of one thread read to find its tasks (the latest)."""
 
 MAX_HISTORY = 10
 """Most messages a client may ask a task's history to be cut to (``historyLength``)."""
@@ -293,10 +300,10 @@ async def rpc(request: Request, assistant_id: ItemId) -> Response:
             result = await call.get(params)
         elif method == "CancelTask":
             result = await call.cancel(params)
-        elif method == "GetExtendedAgentCard":
+        elif method == "ListTasks":
+            result = await call.list(params)
+        else:  # GetExtendedAgentCard: the same card (no more for an authenticated caller)
             result = await agent_card(call.svc, call.tenant, assistant_id, request)
-        else:
-            raise RpcError(UNSUPPORTED, f"{method} is not supported by this server")
     except RpcError as exc:
         return _error(exc.code, exc.message, rpc_id)
     except RequestRefused as exc:
@@ -531,6 +538,20 @@ class _Call:
             "parts": parts,
         }
 
+    async def _task_values(self, run: RunRecord) -> Any:
+        """The thread's values as the run left them (its last checkpoint), as JSON; the
+        latest values if no checkpoint names the run."""
+        thread = await self.svc.store.thread(run.thread_key)
+        if thread is None:
+            return {}
+        graph = await self.svc.graphs.for_thread(run.thread_key, thread.metadata)
+        config = thread_config(run.thread_key)
+        async for snapshot in graph.aget_state_history(
+            config, filter={"run_id": run.run_id}, limit=1
+        ):
+            return loads(dumps(snapshot.values))
+        return loads(dumps((await graph.aget_state(config)).values))
+
     async def _values(self, run: RunRecord) -> tuple[Any, list[Any]]:
         """The thread's values as JSON, and its pending interrupts."""
         thread = await self.svc.store.thread(run.thread_key)
@@ -665,7 +686,7 @@ class _Call:
             raise RpcError(TASK_NOT_FOUND, f"Task not found: {task_id}") from None
         if run.assistant_id != self.assistant_id:
             raise RpcError(TASK_NOT_FOUND, f"Task not found: {task_id}")
-        runs = await self.svc.store.runs(run.thread_key, limit=1000, offset=0)
+        runs = await self.svc.store.runs(run.thread_key, limit=MAX_RUNS, offset=0)
         for later in runs:  # newest first: the task's latest run
             if (
                 later.run_id == run.run_id
@@ -720,7 +741,7 @@ class _Call:
             "status": {"state": state, "timestamp": run.updated_at or run.created_at},
         }
         if history_length != 0:
-            values, _ = await self._values(run)
+            values = await self._task_values(run)
             task["history"] = _history(values, task_id, run.thread_id, history_length)
         if state == "TASK_STATE_COMPLETED":
             task["status"]["message"] = _agent_message("Task completed successfully", task_id)
@@ -753,6 +774,83 @@ class _Call:
                 "timestamp": _now(),
                 "message": _agent_message("Task was canceled", task_id),
             },
+        }
+
+    async def list(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``ListTasks``: the assistant's tasks, the latest first, a page of them."""
+        size = params.get("pageSize", 50)
+        if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= 100:
+            raise RpcError(INVALID_PARAMS, "pageSize must be an integer between 1 and 100.")
+        history_length = _history_length(params.get("historyLength"))
+        wanted = params.get("status")
+        if isinstance(wanted, str):  # a 0.3 state name: its 1.0 name
+            wanted = {v: k for k, v in _LEGACY_STATES.items()}.get(wanted, wanted)
+        if wanted is not None and wanted not in _LEGACY_STATES:
+            raise RpcError(INVALID_PARAMS, f"Invalid status value: '{wanted}'.")
+        after = params.get("statusTimestampAfter")
+        if after is not None:
+            try:
+                datetime.fromisoformat(str(after).replace("Z", "+00:00"))
+            except ValueError:
+                raise RpcError(
+                    INVALID_PARAMS, "statusTimestampAfter must be a valid ISO 8601 timestamp."
+                ) from None
+            if not isinstance(after, str):
+                raise RpcError(INVALID_PARAMS, "statusTimestampAfter must be a string.")
+        token = params.get("pageToken") or "0"
+        if not isinstance(token, str) or not token.isdigit():
+            raise RpcError(INVALID_PARAMS, "Invalid pageToken.")
+        context_id = params.get("contextId")
+        if context_id is not None and not isinstance(context_id, str):
+            raise RpcError(INVALID_PARAMS, "contextId must be a string.")
+        if context_id is not None:
+            found = await self.svc.store.thread(thread_key(self.tenant, context_id))
+            threads = [found] if found is not None else []
+        else:
+            threads = await self.svc.store.search_threads(self.tenant, limit=MAX_CONTEXTS, offset=0)
+        tasks: dict[str, tuple[dict[str, Any], RunRecord]] = {}
+        for thread in threads:
+            runs = await self.svc.store.runs(thread.key, limit=MAX_RUNS, offset=0)
+            for run in runs:  # newest first: a task's first run seen is its latest
+                if run.assistant_id != self.assistant_id:
+                    continue
+                task_id = (run.metadata.get("a2a") or {}).get("task_id") or (
+                    f"{thread.thread_id}:{run.run_id}"
+                )
+                if task_id in tasks:
+                    continue
+                state = STATES.get(run.status, "TASK_STATE_SUBMITTED")
+                if run is runs[0] and run.status == "success" and thread.status == "interrupted":
+                    state = "TASK_STATE_INPUT_REQUIRED"
+                stamp = run.updated_at or run.created_at
+                task = {
+                    "kind": "task",
+                    "id": task_id,
+                    "contextId": thread.thread_id,
+                    "status": {"state": state, "timestamp": stamp},
+                }
+                if not params.get("includeArtifacts"):
+                    task["artifacts"] = []
+                tasks[task_id] = (task, run)
+        listed = [
+            (task, run)
+            for task, run in tasks.values()
+            if (wanted is None or task["status"]["state"] == wanted)
+            and (after is None or task["status"]["timestamp"] >= after)
+        ]
+        listed.sort(key=lambda pair: str(pair[0]["status"]["timestamp"]), reverse=True)
+        start = int(token)
+        page = listed[start : start + size]
+        if history_length != 0:
+            for task, run in page:
+                values = await self._task_values(run)
+                task["history"] = _history(values, task["id"], run.thread_id, history_length)
+        following = start + len(page)
+        return {
+            "tasks": [task for task, _ in page],
+            "totalSize": len(listed),
+            "pageSize": len(page),
+            "nextPageToken": str(following) if following < len(listed) else "",
         }
 
 

@@ -177,6 +177,39 @@ async def _scenario(pair: ApiPair, server: ServerProcess) -> dict[str, Any]:
                 },
             ),
         ]
+
+        async def list_tasks(params: dict[str, Any]) -> Any:
+            body = {"jsonrpc": "2.0", "id": 7, "method": "ListTasks", "params": params}
+            answer = await http.post(
+                f"/a2a/{assistant}", json=body, headers={"Accept": "application/json"}
+            )
+            value = answer.json()
+            if "error" in value:
+                return value["error"]["code"]
+            listed = value["result"]
+            return [
+                [
+                    (
+                        t["id"] in (task.id, again.id),
+                        t["contextId"] == task.context_id,
+                        t["status"]["state"],
+                        t.get("artifacts"),
+                        [m["role"] for m in t.get("history", [])],
+                    )
+                    for t in listed["tasks"]
+                ],
+                listed["totalSize"],
+                listed["pageSize"],
+                listed["nextPageToken"],
+            ]
+
+        seen["list"] = [
+            await list_tasks({"contextId": task.context_id}),
+            await list_tasks({"contextId": task.context_id, "pageSize": 1, "historyLength": 0}),
+            await list_tasks({"contextId": task.context_id, "status": "TASK_STATE_FAILED"}),
+            await list_tasks({"pageSize": 0}),
+            await list_tasks({"contextId": str(uuid.uuid4())}),
+        ]
         v1 = _text("new names").model_dump(mode="json", exclude_none=True)
         v1 = {**v1, "role": "ROLE_USER"}
         answer = await http.post(
@@ -227,12 +260,16 @@ def test_a2a_against_both_servers(pair: ApiPair) -> None:
         422,
         400,
     )
+    assert ours["list"] == theirs["list"]
     assert ours == theirs
     assert ours["send"]["state"] == "completed"
     assert ours["send"]["artifact"] == [["echo: hello"]]
     assert ours["follow_up"]["history"][-2:] == [("user", ["again"]), ("agent", ["echo: again"])]
     assert ours["stream"]["final_state"] == "completed"
     assert ours["cancel_running"] == "canceled"
+    assert ours["list"][0][1:] == [2, 2, ""]
+    assert ours["list"][1][1:] == [2, 1, "1"]
+    assert ours["list"][2:] == [[[], 0, 0, ""], -32602, [[], 0, 0, ""]]
     assert ours["v1_names"] == [
         "TASK_STATE_COMPLETED",
         ["ROLE_USER", "ROLE_AGENT"],
