@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from tool_workers.celery_ext.amqp_lease import AmqpLease, dropped_unrun
+from tool_workers.celery_ext.amqp_lease import AmqpLease, dropped_unrun, handing_key
 from tool_workers.celery_ext.fence import (
     COPY_HEADER,
     HOLDING_HEADER,
@@ -199,3 +199,30 @@ def test_a_publisher_cannot_name_a_holding(client: redis.Redis, settings: Settin
     held, tag = message.headers[HOLDING_HEADER]
     assert held == f"{settings.key_prefix}held:{lease.id}" and tag.startswith("amqp:")
     assert client.hexists(held, tag)
+
+
+def test_the_calls_of_a_sweeper_that_died_before_publishing_are_handed_on_again(
+    client: redis.Redis, settings: Settings
+) -> None:
+    """Given a sweeper that took a lapsed lease and died before publishing its copies, when
+    the handing grace has passed, then another worker's sweep publishes the copy under a
+    new copy id, the one the marker names from then on."""
+    lost, dead, survivor = (lease_of(client, settings) for _ in range(3))
+    original = Message("t6")
+    lost.hold(original)
+    assert start(client, settings, "t6", Request(original)).starts == 1
+    lapse(client, settings, lost)
+    dead.fail = True
+    dead._done = lambda **_: None  # type: ignore[assignment]  # it dies before finishing
+    dead._undo = lambda **_: None  # type: ignore[assignment]
+    assert dead.sweep() == []
+    first = json.loads(client.get(marker_key(settings.key_prefix, "t6")) or b"{}")["c"]
+
+    assert survivor.sweep() == []  # within the grace: the dead sweeper's
+    client.zadd(handing_key(settings.key_prefix), {lost.id: 0})  # the grace is over
+    assert survivor.sweep() == ["t6"]
+    [(_, _, published)] = survivor.copies
+    second = published["headers"][COPY_HEADER]
+    assert second != first
+    assert json.loads(client.get(marker_key(settings.key_prefix, "t6")) or b"{}")["c"] == second
+    assert client.zcard(handing_key(settings.key_prefix)) == 0

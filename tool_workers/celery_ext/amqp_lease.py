@@ -64,18 +64,28 @@ COPY_MARK = "@"
 PUBLISH_RETRIES = 3
 """Attempts at publishing one copy (each waits for RabbitMQ's confirm)."""
 
-# KEYS: leases zset. ARGV: key prefix, lifetime of a marker that is gone (s), batch size,
-# a fresh id the copies' ids start with.
-# Returns {task id, copy id, message record} for each call to publish again.
+HANDING_GRACE = 30.0
+"""Seconds a sweeper has to publish the copies of a lapsed lease it took: past them (it
+died in between) another worker's sweep hands the lease's calls on again, under new copy
+ids (only the copy a marker names starts, so a copy published twice runs once)."""
+
+# KEYS: leases zset, handing zset. ARGV: key prefix, lifetime of a marker that is gone (s),
+# batch size, a fresh id the copies' ids start with, handing grace (ms).
+# Returns {lease id, {task id, copy id, message record}...} for each lease taken.
 _SWEEP = (
     LUA_READ
     + """
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ms, 'LIMIT', 0, tonumber(ARGV[3]))
-local moved = {}
+local batch = tonumber(ARGV[3])
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ms, 'LIMIT', 0, batch)
+-- Leases a sweeper took and did not finish handing on in time (it died meanwhile).
+local stuck = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ms, 'LIMIT', 0, batch)
+for _, id in ipairs(stuck) do table.insert(lapsed, id) end
+local taken = {}
 local n = 0
 for _, id in ipairs(lapsed) do
+    local moved = {id}
     local held = ARGV[1] .. 'held:' .. id
     local entries = redis.call('HGETALL', held)
     for i = 1, #entries, 2 do
@@ -99,14 +109,24 @@ for _, id in ipairs(lapsed) do
             end
         end
     end
-    redis.call('DEL', held)
+    -- Kept until the copies are out (_DONE); another sweep takes it again after the grace.
     redis.call('ZREM', KEYS[1], id)
+    redis.call('ZADD', KEYS[2], ms + tonumber(ARGV[5]), id)
+    table.insert(taken, moved)
 end
-return moved
+return taken
 """
 )
-"""Takes the holdings of every lapsed lease and names, in each call's marker, the copy
-that alone may start it from now on."""
+"""Takes the holdings of every lapsed lease (and of every lease a sweeper took and did not
+finish with) and names, in each call's marker, the copy that alone may start it from now
+on."""
+
+# KEYS: handing zset, the lease's held hash. ARGV: lease id. The copies are out.
+_DONE = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[2])
+return 1
+"""
 
 # KEYS: the call's marker. ARGV: the copy id. Takes a copy that could not be published
 # back out of the marker (only if the marker still names it).
@@ -127,6 +147,12 @@ return 1
 
 PROPERTIES = ("correlation_id", "reply_to", "priority", "delivery_mode")
 """The AMQP properties a copy keeps (Celery's headers carry the rest)."""
+
+
+def handing_key(key_prefix: str) -> str:
+    """Sorted set of the lapsed leases a sweeper took: member the lease id, score the
+    deadline (server ms) by which its copies are out."""
+    return f"{key_prefix}handing"
 
 
 def holding_tag(copy: str | None) -> str:
@@ -180,6 +206,7 @@ class AmqpLease(Lease):
         self._released_lock = threading.Lock()
         self._connection: Any = None
         self._amqp_sweep = self.client.register_script(_SWEEP)
+        self._done = self.client.register_script(_DONE)
         self._undo = self.client.register_script(_UNDO)
 
     # --- the consumer's side -----------------------------------------------------------
@@ -237,15 +264,25 @@ class AmqpLease(Lease):
     # --- the sweep ---------------------------------------------------------------------
     def sweep(self) -> list[str]:
         """Hand on the calls of every lapsed lease as copies; the task ids handed on."""
-        moved = self._amqp_sweep(
-            keys=[leases_key(self.key_prefix)],
-            args=[self.key_prefix, max(1, round(self.retention)), 20, uuid.uuid4().hex],
+        handing = handing_key(self.key_prefix)
+        taken = self._amqp_sweep(
+            keys=[leases_key(self.key_prefix), handing],
+            args=[
+                self.key_prefix,
+                max(1, round(self.retention)),
+                20,
+                uuid.uuid4().hex,
+                round(HANDING_GRACE * 1000),
+            ],
         )
         calls = []
-        for task, copy, record in moved or []:
-            task_id, copy_id = _text(task), _text(copy)
-            if self._publish(task_id, copy_id, _text(record)):
-                calls.append(task_id)
+        for lease_id, *moved in taken or []:
+            for task, copy, record in moved:
+                task_id, copy_id = _text(task), _text(copy)
+                if self._publish(task_id, copy_id, _text(record)):
+                    calls.append(task_id)
+            lapsed = _text(lease_id)
+            self._done(keys=[handing, held_key(self.key_prefix, lapsed)], args=[lapsed])
         if calls:
             log.warning(
                 "handed on %d call(s) of a lost or unreachable worker (copies published): %s",
