@@ -27,6 +27,7 @@ clients use to drop an event they already have.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -58,6 +59,8 @@ MAX_CHANNELS = 64
 MAX_NAMESPACES = 64
 MAX_SEGMENTS = 32
 MAX_SEGMENT_CHARS = 256
+MAX_DEPTH = 1_000
+MAX_SEQ = 2**53 - 1
 
 TERMINAL = {"success": "completed", "error": "failed", "interrupted": "interrupted"}
 """A run's final status as the lifecycle event it ends with."""
@@ -103,6 +106,9 @@ def parse_filter(body: Any) -> tuple[Filter, int | None]:
     """
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object with channels")
+    unknown = sorted(str(k)[:60] for k in body.keys() - FIELDS)
+    if unknown:
+        raise ValueError(f"unknown fields: {', '.join(unknown[:10])}")
     channels = body.get("channels")
     if not isinstance(channels, list) or not channels or len(channels) > MAX_CHANNELS:
         raise ValueError(f"channels is required: a non-empty array (at most {MAX_CHANNELS})")
@@ -127,18 +133,28 @@ def parse_filter(body: Any) -> tuple[Filter, int | None]:
                 raise ValueError("namespaces must be arrays of strings")
         prefixes = tuple(tuple(ns) for ns in namespaces) or None
     depth = body.get("depth")
-    if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 0):
-        raise ValueError("depth must be a non-negative integer")
+    if depth is not None and not _count(depth, MAX_DEPTH):
+        raise ValueError(f"depth must be an integer from 0 to {MAX_DEPTH}")
     since = body.get("since")
-    if since is not None and (not isinstance(since, int) or isinstance(since, bool) or since < 0):
-        raise ValueError("since must be a non-negative integer")
+    if since is not None and not _count(since, MAX_SEQ):
+        raise ValueError(f"since must be an integer from 0 to {MAX_SEQ}")
     return Filter(frozenset(channels), prefixes, depth), since
+
+
+def _count(value: Any, most: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
+
+
+CHANNEL_PATTERN = f"^({'|'.join(sorted(CHANNELS))}|custom:[^\\n\\r\\u2028\\u2029]+)$"
+"""What a channel name is (``custom:<name>``: the events of a stream transformer)."""
+
+FIELDS = frozenset({"channels", "namespaces", "depth", "since"})
 
 
 def _is_channel(value: Any) -> bool:
     if not isinstance(value, str) or len(value) > MAX_SEGMENT_CHARS:
         return False
-    return value in CHANNELS or (value.startswith("custom:") and len(value) > len("custom:"))
+    return re.fullmatch(CHANNEL_PATTERN, value) is not None
 
 
 @dataclass

@@ -132,3 +132,25 @@ def test_use_stream_rejoins_a_running_run_after_a_reload(server: ServerProcess) 
     assert events.count("finished") == 2 and events.count("dispatched") == 2
     assert out["rejoinedMessages"] == out["state"]
     assert out["state"][-1] == {"type": "ai", "content": "done: 2 results: slow 3.0, 5"}
+
+
+def test_a_js_thread_stream_starts_a_run_by_command_and_reads_its_events(
+    server: ServerProcess,
+) -> None:
+    """Given the server, when the JS client's ``client.threads.stream`` starts a run with
+    one tool call (``run.start``) and awaits its output, then it sees the run's lifecycle
+    from ``running`` to ``completed`` and its values in ``seq`` order, the output is the
+    final values, the run is the one the thread's runs list, and a command this server
+    does not know is refused by name."""
+    out = run_scenario(server, "threadstream.mjs")
+
+    # The client makes LangChain messages of the values (printed in their serialized
+    # form); the run streamed the protocol's content blocks.
+    last = out["output"]["messages"][-1]["kwargs"]
+    assert last["type"] == "ai" and last["content"][0]["text"] == "done: 1 results: 5"
+    kinds = [[method, kind] for method, _, kind in out["events"]]
+    assert kinds[0] == ["lifecycle", "running"] and kinds[-1] == ["lifecycle", "completed"]
+    assert ["values", None] in kinds
+    assert out["seqs"] == sorted(out["seqs"]) and len(set(out["seqs"])) == len(out["seqs"])
+    assert out["runs"] == [[out["started"]["run_id"], "success"]]
+    assert "unknown_command" in out["unknown"] or "state.get" in out["unknown"], out["unknown"]

@@ -41,7 +41,18 @@ from orchestrator.server.schemas import NewThreadId, ThreadId
 from orchestrator.server.services import Services, Svc, Tenant
 from orchestrator.server.streaming import HEARTBEAT, HeldStreamingResponse
 from orchestrator.server.streamquota import Streams
-from orchestrator.server.threadevents import Filter, parse_filter, run_events
+from orchestrator.server.threadevents import (
+    CHANNEL_PATTERN,
+    MAX_CHANNELS,
+    MAX_DEPTH,
+    MAX_NAMESPACES,
+    MAX_SEGMENT_CHARS,
+    MAX_SEGMENTS,
+    MAX_SEQ,
+    Filter,
+    parse_filter,
+    run_events,
+)
 
 router = APIRouter(prefix="/threads", tags=["threads"])
 
@@ -49,10 +60,15 @@ RUN_MODES = ["values", "updates", "messages-tuple", "custom", "tasks", "checkpoi
 """The stream modes a command's run is recorded with (what joining it streams)."""
 
 RUN_START_PARAMS = frozenset(
-    {"assistant_id", "input", "config", "metadata", "multitaskStrategy", "langsmith_tracer"}
+    {"assistant_id", "input", "config", "metadata", "langsmith_tracer"}
+    # The JavaScript client sends the strategy under both names.
+    | {"multitaskStrategy", "multitask_strategy"}
 )
 RESPOND_PARAMS = frozenset(
     {"interrupt_id", "namespace", "response", "responses", "update", "goto", "config", "metadata"}
+    # The JavaScript client's strictResume: an answer to an interrupt not pending is
+    # always refused here (no_such_interrupt), strict or not.
+    | {"strict_resume"}
 )
 MAX_RESPONSES = 1_000
 
@@ -82,14 +98,29 @@ _EVENTS_BODY = {
                 "schema": {
                     "type": "object",
                     "required": ["channels"],
+                    "additionalProperties": False,
                     "properties": {
-                        "channels": {"type": "array", "items": {"type": "string"}},
+                        "channels": {
+                            "type": "array",
+                            "minItems": 1,
+                            "maxItems": MAX_CHANNELS,
+                            "items": {
+                                "type": "string",
+                                "maxLength": MAX_SEGMENT_CHARS,
+                                "pattern": CHANNEL_PATTERN,
+                            },
+                        },
                         "namespaces": {
                             "type": "array",
-                            "items": {"type": "array", "items": {"type": "string"}},
+                            "maxItems": MAX_NAMESPACES,
+                            "items": {
+                                "type": "array",
+                                "maxItems": MAX_SEGMENTS,
+                                "items": {"type": "string", "maxLength": MAX_SEGMENT_CHARS},
+                            },
                         },
-                        "depth": {"type": "integer", "minimum": 0},
-                        "since": {"type": "integer", "minimum": 0},
+                        "depth": {"type": "integer", "minimum": 0, "maximum": MAX_DEPTH},
+                        "since": {"type": "integer", "minimum": 0, "maximum": MAX_SEQ},
                     },
                 }
             }
@@ -227,7 +258,9 @@ async def _run_start(
         "input": params.get("input"),
         "config": config,
         "metadata": params.get("metadata"),
-        "multitask_strategy": params.get("multitaskStrategy") or "enqueue",
+        "multitask_strategy": (
+            params.get("multitaskStrategy") or params.get("multitask_strategy") or "enqueue"
+        ),
     }
     # A fork: the checkpoint to run from, as LangGraph's server reads it from the config.
     configurable = config.get("configurable") if isinstance(config, dict) else None
@@ -240,6 +273,8 @@ async def _input_respond(
     svc: Services, tenant: str, thread_id: str, params: dict[str, Any]
 ) -> dict[str, Any]:
     _only(params, RESPOND_PARAMS, "input.respond")
+    if not isinstance(params.get("strict_resume", False), bool):
+        raise CommandError("invalid_argument", "strict_resume must be a boolean")
     answers = _answers(params)
     try:
         record = await existing_thread(svc, tenant, thread_id)
