@@ -94,10 +94,12 @@ TERMINAL = {"TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED"}
 class RpcError(Exception):
     """A JSON-RPC error answered to the call."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, status: int = 404) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.status = status
+        """The HTTP status a card request refused so is answered with."""
 
 
 # -- the card ----------------------------------------------------------------------------
@@ -110,6 +112,7 @@ async def agent_card(svc: Services, tenant: str, assistant_id: str, request: Req
         RpcError: no such assistant.
     """
     assistant, schemas = await _assistant(svc, tenant, assistant_id)
+    inputs, outputs = _modes(assistant)
     schema = schemas.get("input_schema") or schemas.get("state_schema") or {}
     properties = schema.get("properties") or {}
     name = assistant.get("name") or assistant["graph_id"]
@@ -128,8 +131,8 @@ async def agent_card(svc: Services, tenant: str, assistant_id: str, request: Req
             "pushNotifications": False,
             "stateTransitionHistory": False,
         },
-        "defaultInputModes": MODES,
-        "defaultOutputModes": MODES,
+        "defaultInputModes": inputs,
+        "defaultOutputModes": outputs,
         "skills": [
             {
                 "id": f"{assistant['assistant_id']}-main",
@@ -137,8 +140,8 @@ async def agent_card(svc: Services, tenant: str, assistant_id: str, request: Req
                 "description": description,
                 "tags": ["assistant", "langgraph"],
                 "examples": [],
-                "inputModes": MODES,
-                "outputModes": MODES,
+                "inputModes": inputs,
+                "outputModes": outputs,
                 "metadata": {
                     "inputSchema": {
                         "required": schema.get("required") or [],
@@ -150,6 +153,39 @@ async def agent_card(svc: Services, tenant: str, assistant_id: str, request: Req
         ],
         "version": version("toolfleet"),
     }
+
+
+def _modes(assistant: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The card's input and output media types: ``metadata.a2a.input_modes`` and
+    ``output_modes`` of the assistant where given (non-empty lists of strings).
+
+    Raises:
+        RpcError: one of them is given and is not such a list (answered 400).
+    """
+    metadata = assistant.get("metadata") or {}
+    a2a = metadata.get("a2a") if isinstance(metadata, dict) else None
+    if a2a is None:
+        return list(MODES), list(MODES)
+    if not isinstance(a2a, dict):
+        raise RpcError(INVALID_PARAMS, "Assistant metadata.a2a must be an object.", 400)
+    found = []
+    for field in ("input_modes", "output_modes"):
+        value = a2a.get(field)
+        if value is None:
+            found.append(list(MODES))
+            continue
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(m, str) and m.strip() for m in value)
+        ):
+            raise RpcError(
+                INVALID_PARAMS,
+                f"Assistant metadata.a2a.{field} must be a non-empty array of strings.",
+                400,
+            )
+        found.append([m.strip() for m in value])
+    return found[0], found[1]
 
 
 async def _assistant(
@@ -164,13 +200,15 @@ async def _assistant(
 
 
 def _card_error(exc: RpcError) -> Response:
-    # 404, as every route of this server answers for an unknown assistant (LangGraph's
-    # server: 400); the body is LangGraph's.
-    return JSONResponse({"error": {"code": exc.code, "message": exc.message}}, status_code=404)
+    # An unknown assistant: 404, as every route of this server answers (LangGraph's
+    # server: 400). The body is LangGraph's.
+    body = {"error": {"code": exc.code, "message": exc.message}}
+    return JSONResponse(body, status_code=exc.status)
 
 
 _CARD_RESPONSES: dict[int | str, dict[str, Any]] = {
-    404: {"description": "No such assistant of the tenant"}
+    400: {"description": "The assistant's metadata.a2a modes are not lists of media types"},
+    404: {"description": "No such assistant of the tenant"},
 }
 _RPC_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {

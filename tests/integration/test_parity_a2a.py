@@ -223,6 +223,16 @@ async def _scenario(pair: ApiPair, server: ServerProcess) -> dict[str, Any]:
             [m["role"] for m in v1_task["history"]][-2:],
             v1_task["artifacts"][0]["parts"],
         ]
+        cards = []
+        for a2a in ({"input_modes": ["text/plain"]}, {"output_modes": []}):
+            made = await http.post(
+                "/assistants", json={"graph_id": "fleet", "metadata": {"a2a": a2a}}
+            )
+            made_id = made.json()["assistant_id"]
+            answer = await http.get(f"/.well-known/agent-card.json?assistant_id={made_id}")
+            value = answer.json()
+            cards.append((answer.status_code, value.get("defaultInputModes"), value.get("error")))
+        seen["card_modes"] = cards
         missing = await http.get("/.well-known/agent-card.json")
         seen["card_without_assistant"] = missing.status_code
         seen["card_by_path"] = (
@@ -267,6 +277,8 @@ def test_a2a_against_both_servers(pair: ApiPair) -> None:
     assert ours["follow_up"]["history"][-2:] == [("user", ["again"]), ("agent", ["echo: again"])]
     assert ours["stream"]["final_state"] == "completed"
     assert ours["cancel_running"] == "canceled"
+    assert ours["card_modes"][0] == (200, ["text/plain"], None)
+    assert ours["card_modes"][1][0] == 400
     assert ours["list"][0][1:] == [2, 2, ""]
     assert ours["list"][1][1:] == [2, 1, "1"]
     assert ours["list"][2:] == [[[], 0, 0, ""], -32602, [[], 0, 0, ""]]
