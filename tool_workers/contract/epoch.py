@@ -50,7 +50,11 @@ LOSSES_KEPT = 20
 """Losses the list keeps."""
 
 EPOCH_HEADER = "toolfleet_epoch"
-"""Message header: the epoch the call's publisher knew when it published the call."""
+"""Message header: the epoch the call's publisher knew when it published the call.
+
+Not covered by a signed request's signature: a forged value can only make a worker
+refuse a call whose marker is gone, or run it as it runs a call without the header (a
+plain Celery client's), which whoever can publish can have anyway."""
 
 
 def epoch_key(key_prefix: str) -> str:
