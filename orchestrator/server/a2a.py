@@ -34,7 +34,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from orchestrator.server.encoding import dumps, loads, sse_frame
 from orchestrator.server.errors import Conflict, NotFound, RequestRefused
@@ -43,7 +43,13 @@ from orchestrator.server.records import RunRecord
 from orchestrator.server.routes.assistant_graphs import graph_schemas
 from orchestrator.server.routes.thread_edits import update_state
 from orchestrator.server.runconfig import thread_config
-from orchestrator.server.schemas import ID_MAX_CHARS, ItemId, RunCreate, ThreadStateUpdate
+from orchestrator.server.schemas import (
+    ID_MAX_CHARS,
+    ItemId,
+    NewId,
+    RunCreate,
+    ThreadStateUpdate,
+)
 from orchestrator.server.services import Services
 from orchestrator.server.tenancy import thread_key
 
@@ -89,6 +95,10 @@ STATES = {
     "timeout": "TASK_STATE_FAILED",
 }
 TERMINAL = {"TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED"}
+
+
+_THREAD_ID: TypeAdapter[str] = TypeAdapter(NewId)
+"""A ``contextId``: a thread id as ``POST /threads`` takes one."""
 
 
 class RpcError(Exception):
@@ -275,7 +285,7 @@ async def rpc(request: Request, assistant_id: ItemId) -> Response:
     """One A2A JSON-RPC 2.0 call to the assistant (see the module's description)."""
     try:
         message = json.loads(await request.body())
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested past the parser's depth)
         return _error(PARSE_ERROR, "Invalid JSON payload")
     if not isinstance(message, dict):
         return _error(INVALID_REQUEST, "Invalid message format: expected object")
@@ -455,6 +465,11 @@ class _Call:
             raise RpcError(INVALID_PARAMS, "contextId must be a string")
         if task_id is not None and not isinstance(task_id, str):
             raise RpcError(INVALID_PARAMS, "taskId must be a string")
+        if context_id is not None:
+            try:  # it names a thread, maybe a new one: a thread id as the routes take
+                _THREAD_ID.validate_python(context_id)
+            except ValidationError as exc:
+                raise RpcError(INVALID_PARAMS, f"contextId: {exc.errors()[0]['msg']}") from None
         if task_id is not None:
             run, state = await self._task(task_id, context_id)
             if state in TERMINAL:

@@ -446,3 +446,36 @@ def test_a2a_task_that_needs_input(asker_pair: ApiPair) -> None:
         -32004,
         "idle",
     ]
+
+
+def test_a2a_refuses_what_no_thread_takes(pair: ApiPair) -> None:
+    """Given toolfleet, when a message names a context no thread id can be (too long, a
+    path of segments, control characters) or a body nests past the parser's depth, then
+    JSON-RPC errors answer (-32602, -32700) and no thread is made."""
+    server = pair.toolfleet
+    headers = {**_headers(pair, server), "Accept": "application/json"}
+
+    async def scenario() -> list[Any]:
+        async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=30) as http:
+            assistant = await _fleet_assistant(http)
+            codes = []
+            for context in ("x" * 300, "a/b", "bad\x01id"):
+                message = _text("hi").model_dump(mode="json", exclude_none=True)
+                body = {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "message/send",
+                    "params": {"message": {**message, "contextId": context}},
+                }
+                answer = await http.post(f"/a2a/{assistant}", json=body)
+                codes.append(answer.json()["error"]["code"])
+            deep = b"[" * 100_000 + b"]" * 100_000
+            answer = await http.post(
+                f"/a2a/{assistant}", content=deep, headers={"Content-Type": "application/json"}
+            )
+            codes.append(answer.json()["error"]["code"])
+            codes.append(len((await http.post("/threads/search", json={})).json()))
+            return codes
+
+    before = run(scenario())[-1]
+    assert run(scenario()) == [-32602, -32602, -32602, -32700, before]
