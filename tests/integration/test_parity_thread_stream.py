@@ -299,3 +299,38 @@ def test_another_tenants_thread_is_not_found(pair: ApiPair) -> None:
     assert own.json()["type"] == "success"
     assert [r["run_id"] for r in runs_mine] == [started.json()["result"]["run_id"]]
     assert [r["run_id"] for r in runs_theirs] == [own.json()["result"]["run_id"]]
+
+
+def test_a_run_of_another_route_is_on_the_thread_stream(pair: ApiPair) -> None:
+    """Given a thread whose resumable run was started by ``runs.create`` (not by a
+    command), when
+    its events are read through ``client.threads.stream``, then both servers show that
+    run's lifecycle and its values, and a later run started by a command follows it on
+    the same stream."""
+
+    async def scenario(c: Any) -> dict[str, Any]:
+        created = await c.threads.create()
+        tid = created["thread_id"]
+        # Resumable: LangGraph's server keeps only such a run's events for later readers.
+        first = await c.runs.create(tid, "approval", input={"request": "a"}, stream_resumable=True)
+        await c.runs.join(tid, first["run_id"])
+        async with c.threads.stream(tid, assistant_id="approval") as thread:
+            async with asyncio.timeout(30):
+                while not thread.interrupts:
+                    await asyncio.sleep(0.05)
+            events = await until_terminal(thread.subscribe(["values", "lifecycle", "input"]))
+            await thread.run.respond("no")
+            output = await thread.output.with_timeout(60)
+        return {
+            "outline": outline(events),
+            "output": output,
+            "runs": [r["status"] for r in await c.runs.list(tid)],
+        }
+
+    ours, theirs = pair.both(scenario)
+
+    assert ours["outline"] == theirs["outline"], (ours["outline"], theirs["outline"])
+    assert ours["outline"][0] == ("lifecycle", (), "running")
+    assert ours["outline"][-1] == ("input.requested", (), None)
+    assert ours["output"] == theirs["output"] == {"request": "a", "answer": "no", "done": False}
+    assert ours["runs"] == theirs["runs"] == ["success", "success"]
