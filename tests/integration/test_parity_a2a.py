@@ -51,7 +51,9 @@ def _text(text: str, context_id: str | None = None, task_id: str | None = None) 
 
 
 async def _fleet_assistant(http: httpx.AsyncClient) -> str:
-    found = await http.post("/assistants/search", json={"graph_id": "fleet"})
+    """The server's own assistant of the fleet graph (every tenant's)."""
+    query = {"graph_id": "fleet", "metadata": {"created_by": "system"}}
+    found = await http.post("/assistants/search", json=query)
     found.raise_for_status()
     return str(found.json()[0]["assistant_id"])
 
