@@ -303,10 +303,9 @@ def test_another_tenants_thread_is_not_found(pair: ApiPair) -> None:
 
 def test_a_run_of_another_route_is_on_the_thread_stream(pair: ApiPair) -> None:
     """Given a thread whose resumable run was started by ``runs.create`` (not by a
-    command), when
-    its events are read through ``client.threads.stream``, then both servers show that
-    run's lifecycle and its values, and a later run started by a command follows it on
-    the same stream."""
+    command), when its events are read through ``client.threads.stream``, then both
+    servers show that run's lifecycle, values and interrupt, and the run a command's
+    answer starts follows it on the same stream."""
 
     async def scenario(c: Any) -> dict[str, Any]:
         created = await c.threads.create()
