@@ -66,8 +66,9 @@ RESULT_REPR_CHARS = 64
 MAX_CRASH_REDELIVERIES = 2
 """How many times an idempotent call is run again after its worker died under it."""
 
-STARTED_MEMORY = 65_536
-"""Calls this process started, remembered to tell a lost marker from a first start."""
+STARTED_MEMORY = 8_192
+"""Calls this process started, remembered to tell a lost marker from a first start (the
+most recent ones: a redelivery comes within the redelivery window; about 1 MB)."""
 
 
 def _count_loss() -> None:
