@@ -35,7 +35,7 @@ from typing import Any
 
 from orchestrator.server.encoding import dumps, loads
 from orchestrator.server.errors import NotFound
-from orchestrator.server.eventlog import END, Entry, FollowerDropped, parse_id
+from orchestrator.server.eventlog import END, Entry, parse_id
 from orchestrator.server.records import RunRecord
 from orchestrator.server.services import Services
 from orchestrator.server.streaming import HEARTBEAT
@@ -441,16 +441,24 @@ def _block(block: dict[str, Any]) -> dict[str, Any]:
 
 async def run_events(svc: Services, run: RunRecord, graph_name: str) -> AsyncIterator[Event | None]:
     """The run's protocol events from its start (``None``: a heartbeat's pause while it
-    logs nothing)."""
+    logs nothing).
+
+    Raises:
+        FollowerDropped: the relay stopped feeding this reader.
+    """
     events = RunEvents(run, graph_name)
     yield events.lifecycle("running")
-    status = "success"
+    status = run.status
+    if run.done and await svc.runs.events.last(run.run_id) is None:
+        # Finished, and its log is gone (expired): nothing to wait for.
+        for event in events.end(status):
+            yield event
+        return
+    # A follower the relay drops (it fell behind) ends the connection abruptly
+    # (FollowerDropped goes up): the client reconnects with ``since`` and resumes there.
     async with svc.runs.relay.follow(run.run_id, "0-0") as follower:
         while True:
-            try:
-                entry = await follower.next(timeout=HEARTBEAT)
-            except FollowerDropped:
-                break
+            entry = await follower.next(timeout=HEARTBEAT)
             if entry is None:
                 yield None
                 try:

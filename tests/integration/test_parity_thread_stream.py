@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+import redis
 
+from orchestrator.server.keys import Keys
 from tests.support.api_pair import ApiPair, api_pair, shape
 from tests.support.fleet import REPO
 from tests.support.serving import prefork_fleet
@@ -333,3 +336,36 @@ def test_a_run_of_another_route_is_on_the_thread_stream(pair: ApiPair) -> None:
     assert ours["outline"][-1] == ("input.requested", (), None)
     assert ours["output"] == theirs["output"] == {"request": "a", "answer": "no", "done": False}
     assert ours["runs"] == theirs["runs"] == ["success", "success"]
+
+
+def test_a_finished_run_whose_log_expired_is_streamed_without_waiting(pair: ApiPair) -> None:
+    """Given a finished run whose event log is gone (its retention passed), when the
+    thread's events are read, then the run's lifecycle comes at once, ``running`` then
+    ``completed``, not after a heartbeat's wait (toolfleet: LangGraph's server keeps no
+    log of its own to expire)."""
+    server = pair.toolfleet
+    headers = {"Authorization": f"Bearer {server.settings.api_tokens[0]}"}
+    thread = str(uuid.uuid4())
+    with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
+        params = {"assistant_id": "fleet", "input": ask()}
+        start = {"id": 1, "method": "run.start", "params": params}
+        run_id = http.post(f"/threads/{thread}/commands", json=start).json()["result"]["run_id"]
+        http.get(f"/threads/{thread}/runs/{run_id}/join")
+        client = redis.Redis.from_url(server.settings.own_redis_url)
+        try:
+            assert client.delete(Keys(server.settings.key_prefix).events(run_id)) == 1
+        finally:
+            client.close()
+        seen: list[str] = []
+        started = time.monotonic()
+        body = {"channels": ["lifecycle"]}
+        with http.stream("POST", f"/threads/{thread}/stream/events", json=body) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    seen.append(json.loads(line[6:])["params"]["data"]["event"])
+                    if len(seen) == 2:
+                        break
+        took = time.monotonic() - started
+
+    assert seen == ["running", "completed"]
+    assert took < 5, took
