@@ -121,9 +121,8 @@ async def agent_card(svc: Services, tenant: str, assistant_id: str, request: Req
     Raises:
         RpcError: no such assistant.
     """
-    assistant, schemas = await _assistant(svc, tenant, assistant_id)
+    assistant, schema = await _assistant(svc, tenant, assistant_id)
     inputs, outputs = _modes(assistant)
-    schema = schemas.get("input_schema") or schemas.get("state_schema") or {}
     properties = schema.get("properties") or {}
     name = assistant.get("name") or assistant["graph_id"]
     description = assistant.get("description") or f"{name} assistant"
@@ -201,12 +200,20 @@ def _modes(assistant: dict[str, Any]) -> tuple[list[str], list[str]]:
 async def _assistant(
     svc: Services, tenant: str, assistant_id: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tenant's assistant and its graph's input schema (its state schema if it has
+    none, as LangGraph's server reads it; ``{}`` if neither)."""
     try:
         source, assistant = await svc.assistants.resolve(tenant, assistant_id)
     except NotFound:
         raise RpcError(INVALID_PARAMS, f"Assistant '{assistant_id}' not found") from None
     graph = await source.for_run(dict(assistant.get("config") or {}))
-    return assistant, graph_schemas(graph)
+    try:  # the input schema alone: the others cost a message's latency for nothing
+        schema: dict[str, Any] | None = graph.get_input_jsonschema()
+    except Exception:  # a graph's types may have no JSON schema: its state's then
+        schema = None
+    if not schema:
+        schema = graph_schemas(graph).get("state_schema")
+    return assistant, schema or {}
 
 
 def _card_error(exc: RpcError) -> Response:
@@ -451,15 +458,14 @@ class _Call:
             raise RpcError(INVALID_PARAMS, "Invalid params: 'parts' must be an array")
         if not parts:
             raise RpcError(INVALID_PARAMS, "Message must contain at least one part")
-        assistant, schemas = await _assistant(self.svc, self.tenant, self.assistant_id)
-        if any(isinstance(p, dict) and ("text" in p or "file" in p) for p in parts):
-            schema = schemas.get("input_schema") or schemas.get("state_schema") or {}
-            if "messages" not in (schema.get("properties") or {}):
-                raise RpcError(
-                    INVALID_PARAMS,
-                    f"Assistant '{self.assistant_id}' (graph '{assistant['graph_id']}') does "
-                    "not support A2A conversational messages: its input has no 'messages'",
-                )
+        assistant, schema = await _assistant(self.svc, self.tenant, self.assistant_id)
+        conversational = any(isinstance(p, dict) and ("text" in p or "file" in p) for p in parts)
+        if conversational and "messages" not in (schema.get("properties") or {}):
+            raise RpcError(
+                INVALID_PARAMS,
+                f"Assistant '{self.assistant_id}' (graph '{assistant['graph_id']}') does "
+                "not support A2A conversational messages: its input has no 'messages'",
+            )
         context_id, task_id = message.get("contextId"), message.get("taskId")
         if context_id is not None and not isinstance(context_id, str):
             raise RpcError(INVALID_PARAMS, "contextId must be a string")
