@@ -365,3 +365,42 @@ def test_a_finished_run_whose_log_expired_is_streamed_without_waiting(pair: ApiP
 
     assert seen == ["running", "completed"]
     assert took < 5, took
+
+
+def test_a_failed_run_ends_its_stream_failed(pair: ApiPair) -> None:
+    """Given a run started by a command with a message of an unknown role, when its
+    events are read, then on both servers the stream ends with the root's ``failed``,
+    its error naming the role, ``thread.output`` raises it, and the run is ``error``."""
+
+    async def scenario(c: Any) -> dict[str, Any]:
+        bad = {"messages": [{"role": "bogus-role", "content": "x"}]}
+        async with c.threads.stream(assistant_id="fleet") as thread:
+            await thread.run.start(input=bad)
+            events = await until_terminal(thread.subscribe(["lifecycle"]))
+            try:
+                await thread.output.with_timeout(60)
+                raised = "no error"
+            except Exception as exc:
+                raised = str(exc)
+            runs = await c.runs.list(thread.thread_id)
+        return {
+            "outline": outline(events),
+            "error": events[-1]["params"]["data"].get("error", ""),
+            "raised": raised,
+            "runs": [r["status"] for r in runs],
+        }
+
+    ours, theirs = pair.both(scenario)
+
+    assert (
+        ours["outline"]
+        == theirs["outline"]
+        == [
+            ("lifecycle", (), "running"),
+            ("lifecycle", (), "failed"),
+        ]
+    )
+    for result in (ours, theirs):
+        assert "bogus-role" in result["error"], result
+        assert "bogus-role" in result["raised"], result
+        assert result["runs"] == ["error"], result
