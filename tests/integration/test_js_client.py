@@ -52,6 +52,22 @@ def _tool(name: str) -> str:
 INSTALLED = ("@langchain/langgraph-sdk", "react", "react-test-renderer")
 """Packages of tests/js the scripts import: ``npm ci`` runs unless all are there."""
 
+SYSTEM_CA_SINCE = (22, 15)
+"""The first Node with ``--use-system-ca`` (22.15 on the 22 line, 23.8 on the next)."""
+
+
+def npm_env(node: str) -> dict[str, str]:
+    """The environment ``npm ci`` runs in: this Node first on the PATH and, where Node
+    can, the machine's certificate store trusted as pip and curl trust it (Node trusts
+    only its own bundle otherwise, and a registry behind a proxy with the machine's own
+    certificate authority then fails with SELF_SIGNED_CERT_IN_CHAIN)."""
+    env = {**os.environ, "PATH": f"{Path(node).parent}{os.pathsep}{os.environ['PATH']}"}
+    version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True)
+    major, minor = (int(part) for part in version.stdout.strip().lstrip("v").split(".")[:2])
+    if (major, minor) >= SYSTEM_CA_SINCE and "--use-system-ca" not in env.get("NODE_OPTIONS", ""):
+        env["NODE_OPTIONS"] = f"{env.get('NODE_OPTIONS', '')} --use-system-ca".strip()
+    return env
+
 
 def run_scenario(server: ServerProcess, script: str = "scenario.mjs") -> dict[str, Any]:
     node = _tool("node")
@@ -59,7 +75,7 @@ def run_scenario(server: ServerProcess, script: str = "scenario.mjs") -> dict[st
         installed = subprocess.run(
             [_tool("npm"), "ci", "--no-audit", "--no-fund"],
             cwd=JS,
-            env={**os.environ, "PATH": f"{Path(node).parent}{os.pathsep}{os.environ['PATH']}"},
+            env=npm_env(node),
             capture_output=True,
             text=True,
             timeout=300,
