@@ -114,6 +114,10 @@ class Dispatcher(Protocol):
         """Calls this process is waiting on."""
         ...
 
+    def data_losses(self) -> int:
+        """Losses of toolfleet's records in Redis this process noticed (0 in process)."""
+        ...
+
     def close(self) -> None:
         """Release the dispatcher's threads and connections."""
         ...

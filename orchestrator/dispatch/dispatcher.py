@@ -534,6 +534,10 @@ class CeleryDispatcher:
         with self._lock:
             return len(self._futures)
 
+    def data_losses(self) -> int:
+        """Losses of toolfleet's records in Redis this process noticed (its epoch watch)."""
+        return self.epochs.losses
+
     def close(self) -> None:
         """Stop the result listener and drop connections."""
         self.listener.close()

@@ -175,6 +175,10 @@ class InProcessDispatcher:
         with self._lock:
             return sum(1 for future in self._futures.values() if not future.done())
 
+    def data_losses(self) -> int:
+        """No Redis in process: nothing to lose."""
+        return 0
+
     def close(self) -> None:
         """Stop the thread pool."""
         self._pool.shutdown(wait=False, cancel_futures=True)

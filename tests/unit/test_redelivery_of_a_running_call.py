@@ -3,6 +3,7 @@ for the running attempt to acknowledge (the same delivery, given back under its 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -44,9 +45,23 @@ def running() -> Iterator[Request]:
         worker_state.active_requests.discard(request)
 
 
-def consumer(driver: str) -> ToolfleetConsumer:
+class Markers:
+    """The result backend's Redis client as the check reads it: call markers by key."""
+
+    def __init__(self, starts: int | None) -> None:
+        self.starts = starts
+
+    def get(self, key: str) -> bytes | None:
+        assert key.endswith("call-1"), key
+        return None if self.starts is None else json.dumps({"n": self.starts}).encode()
+
+
+def consumer(driver: str, starts: int | None = 1) -> ToolfleetConsumer:
+    """A consumer on ``driver`` whose Redis records ``starts`` starts of call-1 (``None``:
+    its marker is gone)."""
     instance = object.__new__(ToolfleetConsumer)
     instance.connection = SimpleNamespace(transport=SimpleNamespace(driver_type=driver))
+    instance.app = SimpleNamespace(conf={}, backend=SimpleNamespace(client=Markers(starts)))
     return instance
 
 
@@ -73,3 +88,15 @@ def test_on_redis_a_copy_under_another_tag_is_acknowledged(running: Request) -> 
     copy = Message("call-1", "tag-2")
     assert consumer("redis")._running_here(copy)
     assert copy.acks == 1
+
+
+@pytest.mark.parametrize("starts", [None, 0])
+def test_a_copy_of_a_running_call_whose_start_redis_lost_is_not_dropped(
+    running: Request, starts: int | None
+) -> None:
+    """Given a call running here whose marker Redis lost (or holds no start), when a copy
+    of it comes, then the copy is not dropped: the running attempt can no longer store its
+    result, so the copy's own start decides whether it runs."""
+    copy = Message("call-1", "tag-2")
+    assert not consumer("redis", starts)._running_here(copy)
+    assert copy.acks == 0

@@ -137,14 +137,12 @@ class _Gauges:
             "Tool calls this replica waits on.",
             self._svc.dispatcher.in_flight(),
         )
-        epochs = getattr(self._svc.dispatcher, "epochs", None)
-        if epochs is not None:
-            yield CounterMetricFamily(
-                "toolfleet_server_redis_data_lost",
-                "Losses of toolfleet's records in Redis (a restart without persistence, a "
-                "FLUSHALL, a failover to a replica behind) this replica noticed.",
-                value=epochs.losses,
-            )
+        yield CounterMetricFamily(
+            "toolfleet_server_redis_data_lost",
+            "Losses of toolfleet's records in Redis (a restart without persistence, a "
+            "FLUSHALL, a failover to a replica behind) this replica noticed.",
+            value=self._svc.dispatcher.data_losses(),
+        )
         waiting = self.waiting()
         if waiting is None:
             return
