@@ -244,6 +244,7 @@ def test_readme_block_runs(
     code = _PROVIDER_MODEL.sub("model", block.code)
     code = code.replace("http://127.0.0.1:8123", readme_server.url)
     code = code.replace('api_key="s3cret"', f"api_key={token!r}")
+    code = code.replace('"Bearer s3cret"', repr(f"Bearer {token}"))
 
     namespace: dict[str, Any] = {"model": model, "__name__": "readme"}
     exec(compile(code, block.name, "exec"), namespace)
