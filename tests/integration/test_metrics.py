@@ -19,6 +19,7 @@ from tests.support.fleet import wait_started
 from tests.support.serving import free_port
 from tool_workers.contract.names import task_id_for
 from tool_workers.contract.settings import Settings
+from tool_workers.observability.metrics import CALLS, DURATION
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,12 +32,14 @@ def call(tool: str, **args: Any) -> PreparedCall:
 
 
 def scrape(port: int, worker: str) -> Samples:
-    """The worker's toolfleet samples by (sample name, tool, outcome), ``le`` buckets left out."""
+    """The worker's per-call samples (calls and durations) by (sample name, tool,
+    outcome), ``le`` buckets left out; the worker's other families (late results, Redis
+    data lost) are not per call."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     samples: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if not sample.name.startswith("toolfleet_worker_") or "le" in sample.labels:
+            if not sample.name.startswith((CALLS, DURATION)) or "le" in sample.labels:
                 continue
             assert sample.labels["worker"] == worker
             key = (sample.name, sample.labels["tool"], sample.labels["outcome"])
