@@ -65,3 +65,32 @@ def test_ctrl_c_while_the_cli_is_imported_exits_130_without_a_traceback() -> Non
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.strip() == "interrupted", err
     assert process.returncode == 130, (process.returncode, err)
+
+
+_FROZEN_AT_EXIT = """
+import atexit, gc, sys
+
+atexit.register(lambda: print("frozen", gc.get_freeze_count(), flush=True))
+sys.argv = ["toolfleet", "bench", "--help"]
+from orchestrator.cli import main
+
+main()
+"""
+
+
+def test_a_finished_command_leaves_its_objects_to_the_exit_uncollected() -> None:
+    """Given a `toolfleet` command that ends, when the interpreter exits, then every
+    object the command made is frozen out of the collector: the exit's last collection
+    does not walk them (with LangChain and a benchmark's results loaded, that walk kept
+    the finished command waiting up to a second or more)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FROZEN_AT_EXIT],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    frozen = int(done.stdout.strip().splitlines()[-1].removeprefix("frozen "))
+    assert frozen > 0, done.stdout[-500:]
