@@ -202,14 +202,20 @@ def why_missed(tid: str, report: dict[str, Any]) -> str:
     return "; ".join(reasons) or "no known cause: a regression to look into"
 
 
+NOISE = 0.05
+"""Commands per call below which a difference is the fleets' background traffic (pings,
+heartbeats, registry refreshes spread over the window's calls), not the calls'."""
+
+
 def extra_commands(report: dict[str, Any], mode: str) -> dict[str, float]:
     """The Redis commands a toolfleet call (``mode`` ``async`` or ``sync``) of the cost
-    scenario runs more often than a raw Celery call, per call, most first."""
+    scenario runs more often than a raw Celery call, per call, most first (less than
+    :data:`NOISE` more is background traffic, left out)."""
     contenders = report.get("scenarios", {}).get("cost", {}).get("contenders", {})
     mine = contenders.get(f"toolfleet_{mode}", {}).get("commands_by_name_per_call", {})
     raw = contenders.get("celery_raw", {}).get("commands_by_name_per_call", {})
     extra = {name: round(count - raw.get(name, 0.0), 2) for name, count in mine.items()}
-    kept = [(name, count) for name, count in extra.items() if count > 0]
+    kept = [(name, count) for name, count in extra.items() if count >= NOISE]
     return dict(sorted(kept, key=lambda item: (-item[1], item[0])))
 
 
