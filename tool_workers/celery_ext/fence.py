@@ -77,19 +77,25 @@ START_SCRIPT = (
 -- KEYS: the call's marker, the held hash (or ''), the epoch key.
 -- ARGV: the marker's lifetime (s), delivery tag, holding token (or ''), the channel to
 -- announce the start on (or ''), the STARTED state to announce, worker name, pid, the
--- epoch the call was published under (or ''), a fresh epoch (for a missing key).
+-- epoch the call was published under (or ''), a fresh epoch (for a missing key), '1' to
+-- read the epoch even when the call has a marker (or '').
 -- Returns {starts (-1: the holding was handed on, not started), revoked, handed-on lease,
--- retries a worker scheduled, the epoch, 1 when the epoch key was missing, 1 when the
--- call's records were lost after its publication (its fate is unknown), 1 when the call
--- had no marker}.
-local epoch, missing = current_epoch(KEYS[3], ARGV[9])
+-- retries a worker scheduled, the epoch ('' when not read), 1 when the epoch key was
+-- missing, 1 when the call's records were lost after its publication (its fate is
+-- unknown), 1 when the call had no marker}.
+local found = read_marker(KEYS[1])
+-- The epoch decides only for a call without a marker; otherwise it is read when asked
+-- (each process's periodic look, not a command per call).
+local epoch, missing = '', 0
+if (not found) or ARGV[10] == '1' then
+    epoch, missing = current_epoch(KEYS[3], ARGV[9])
+end
 -- A call a sweep handed on as a copy (RabbitMQ: tool_workers.celery_ext.amqp_lease)
 -- starts only from that copy: its marker names the copy, whose delivery tag ends with
 -- '@' and the copy's id. Any other delivery of it (the original, which RabbitMQ gives
 -- back when its heartbeat closes the lost worker's connection) loses its holding here.
 if KEYS[2] ~= '' then
-    local handed = read_marker(KEYS[1])
-    local copy = handed and handed['c']
+    local copy = found and found['c']
     if type(copy) == 'string' and copy ~= ''
             and copy ~= (string.match(ARGV[2], '@([^@]+)$') or '') then
         redis.call('HDEL', KEYS[2], ARGV[2])
@@ -98,7 +104,6 @@ end
 if KEYS[2] ~= '' and redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then
     return {-1, 0, '', 0, epoch, missing, 0, 0}
 end
-local found = read_marker(KEYS[1])
 local unknown = 0
 if (not found) and ARGV[8] ~= '' and ARGV[8] ~= epoch then
     unknown = 1
@@ -142,7 +147,8 @@ class Start:
     """Retries a worker scheduled for the call (:data:`RETRY_SCRIPT`): a delivery's
     ``retries`` header counts only up to this; a higher one was written by someone else."""
     epoch: str = ""
-    """The epoch of toolfleet's records (:mod:`tool_workers.contract.epoch`)."""
+    """The epoch of toolfleet's records (:mod:`tool_workers.contract.epoch`); ``""`` when
+    the start did not read it (the call had a marker and no read was asked)."""
     epoch_missing: bool = False
     """The epoch key was gone (this start wrote a new one)."""
     unknown: bool = False
@@ -166,6 +172,7 @@ def start_args(
     started: str,
     worker: str = "",
     pid: int = 0,
+    check_epoch: bool = True,
 ) -> tuple[list[str], list[Any]]:
     """Keys and arguments of :data:`START_SCRIPT` for one delivery.
 
@@ -178,6 +185,8 @@ def start_args(
         started: The STARTED state to announce (JSON).
         worker: The worker's node name.
         pid: The process that runs the call.
+        check_epoch: Read the epoch even when the call has a marker (a call without one
+            always reads it: the epoch decides its fate).
     """
     holding = holding_of(request)
     held, tag, token = "", "", ""
@@ -186,7 +195,7 @@ def start_args(
         token = holding_token(held, tag)
     keys = [marker_key(key_prefix, task_id), held, epoch_key(key_prefix)]
     args = [lifetime, tag, token, announce, started if announce else "", worker, pid]
-    return keys, [*args, epoch_of(request), new_epoch()]
+    return keys, [*args, epoch_of(request), new_epoch(), "1" if check_epoch else ""]
 
 
 def parse_start(reply: Any) -> Start:

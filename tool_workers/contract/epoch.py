@@ -24,7 +24,10 @@ the call's copies still on the queues are refused, and answers a non-idempotent 
 "may have run" instead of publishing it again.
 
 Each process remembers the epoch it saw last (:class:`EpochWatch`): a change is a loss,
-logged once, counted, and noted in ``<prefix>epoch:lost`` for ``toolfleet status``.
+logged once, counted, and noted in ``<prefix>epoch:lost`` for ``toolfleet status``. A
+worker's start reads the epoch in its script when the call has no marker (where the
+epoch decides) and, for the watch, once per :data:`CHECK_INTERVAL` otherwise: not a
+command per call.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ LOSSES = "epoch:lost"
 
 LOSSES_KEPT = 20
 """Losses the list keeps."""
+
+CHECK_INTERVAL = 1.0
+"""Seconds between a process's looks at the epoch when nothing else reads it (a worker
+whose calls all have their markers)."""
 
 EPOCH_HEADER = "toolfleet_epoch"
 """Message header: the epoch the call's publisher knew when it published the call.
@@ -191,6 +198,17 @@ class EpochWatch:
         """The epoch seen last (``""``: none yet)."""
         self.losses = 0
         """Losses this process noticed."""
+        self._looked_at = float("-inf")
+
+    def due(self, interval: float = CHECK_INTERVAL) -> bool:
+        """Whether this process should look at the epoch now (``interval`` seconds since
+        it last did); a ``True`` counts as the look, so one caller of several makes it."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._looked_at < interval:
+                return False
+            self._looked_at = now
+            return True
 
     def seen(self, epoch: str, *, missing: bool = False, stamped: str = "") -> bool:
         """``epoch`` was read (``missing``: the key was gone and this process wrote it).
@@ -200,6 +218,7 @@ class EpochWatch:
         noticed here (the caller notes it in Redis); it is logged and counted here.
         """
         with self._lock:
+            self._looked_at = time.monotonic()
             previous, self.known = self.known, epoch
             lost = bool(previous and previous != epoch) or (missing and bool(stamped))
             if lost:

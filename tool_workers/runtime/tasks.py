@@ -397,7 +397,7 @@ def _records_lost(task: Task, key_prefix: str, start: Start) -> bool:
     """Whether the call's records were lost after it was published or started here (its
     fate is unknown); a loss this process had not noticed yet is noted."""
     stamped = epoch_of(task.request)
-    if EPOCHS.seen(start.epoch, missing=start.epoch_missing, stamped=stamped):
+    if start.epoch and EPOCHS.seen(start.epoch, missing=start.epoch_missing, stamped=stamped):
         note_loss(
             task.backend.client,
             key_prefix,
@@ -459,7 +459,15 @@ def _check_delivery(
         else ""
     )
     keys, args = start_args(
-        key_prefix, task_id, lifetime, task.request, channel, started, worker, os.getpid()
+        key_prefix,
+        task_id,
+        lifetime,
+        task.request,
+        channel,
+        started,
+        worker,
+        os.getpid(),
+        check_epoch=EPOCHS.due(),
     )
     start = parse_start(_start_script(task.backend)(keys=keys, args=args))
     unknown = _records_lost(task, key_prefix, start)
