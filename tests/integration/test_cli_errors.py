@@ -7,6 +7,7 @@ folder, not the working directory), in a subprocess.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -200,6 +201,9 @@ def test_a_wait_says_what_it_waits_for_and_ctrl_c_exits_130(tmp_path: Path, redi
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # SIGINT handled as in a terminal's foreground job, whatever this runner's own
+        # disposition (a job started in the background of a script has it ignored).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines: list[str] = []
     said = threading.Event()
@@ -216,7 +220,7 @@ def test_a_wait_says_what_it_waits_for_and_ctrl_c_exits_130(tmp_path: Path, redi
     try:
         # A generous bound on a loaded machine: the line comes as the wait begins.
         said.wait(timeout=60)
-        process.send_signal(2)  # SIGINT, as Ctrl-C sends it
+        process.send_signal(signal.SIGINT)  # as Ctrl-C sends it
         process.wait(timeout=30)
         reader.join(timeout=10)
     finally:

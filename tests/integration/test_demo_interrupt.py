@@ -58,6 +58,9 @@ def _interrupt_demo(tmp_path: Path, when: str, after: float) -> tuple[int, str, 
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # its own process group, as a shell gives a job
+        # SIGINT handled as in a terminal's foreground job, whatever this runner's own
+        # disposition (a job started in the background of a script has it ignored).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stdout is not None
     lines: list[str] = []
