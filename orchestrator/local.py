@@ -182,6 +182,9 @@ class WorkerProcess:
         extra_env: More environment variables for the worker.
     """
 
+    celery_app = "tool_workers"
+    """The Celery app the worker runs (``-A``)."""
+
     def __init__(
         self,
         settings: Settings,
@@ -223,7 +226,7 @@ class WorkerProcess:
             "-m",
             "celery",
             "-A",
-            "tool_workers",
+            self.celery_app,
             "worker",
             "-P",
             self.pool,

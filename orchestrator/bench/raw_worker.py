@@ -7,7 +7,6 @@ before it imports the scenarios, so it boots meanwhile.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -29,6 +28,8 @@ class RawCeleryWorker(WorkerProcess):
         concurrency: Pool size.
         log_file: Where its output goes.
     """
+
+    celery_app = "orchestrator.bench.raw_celery"
 
     def __init__(
         self,
@@ -52,29 +53,6 @@ class RawCeleryWorker(WorkerProcess):
         )
         self.url = url
         self.prefix = prefix
-
-    def command(self) -> list[str]:
-        """The stock Celery command line, with the flags toolfleet's bench workers have."""
-        return [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "orchestrator.bench.raw_celery",
-            "worker",
-            "-P",
-            self.pool,
-            "-c",
-            str(self.concurrency),
-            "-n",
-            self.hostname,
-            "-Q",
-            ",".join(self.queues),
-            "-l",
-            self.loglevel,
-            "--without-gossip",
-            "--without-mingle",
-        ]
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until the worker has run a ``noop`` (it keeps no registry entry).
