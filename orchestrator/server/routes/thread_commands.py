@@ -21,8 +21,6 @@ no meaning over HTTP (the stream's filter is its body; the graph is ``GET
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,13 +31,13 @@ from pydantic import ValidationError
 from orchestrator.server.encoding import SSE_HEARTBEAT, dumps, loads, sse_frame
 from orchestrator.server.errors import AtCapacity, RequestRefused
 from orchestrator.server.openapi import AT_CAPACITY, NOT_FOUND
-from orchestrator.server.routes.thread_stream import POLL, REPLAY_WINDOW, _new_runs, _newest
+from orchestrator.server.routes.thread_stream import REPLAY_WINDOW, _newest, thread_runs
 from orchestrator.server.routes.threads import existing_thread
 from orchestrator.server.runconfig import thread_config
 from orchestrator.server.runstream import ProtocolRun
 from orchestrator.server.schemas import NewThreadId, ThreadId
 from orchestrator.server.services import Services, Svc, Tenant
-from orchestrator.server.streaming import HEARTBEAT, HeldStreamingResponse
+from orchestrator.server.streaming import HeldStreamingResponse
 from orchestrator.server.streamquota import Streams
 from orchestrator.server.threadevents import (
     CHANNEL_PATTERN,
@@ -383,17 +381,10 @@ async def _frames(svc: Services, thread: str, wanted: Filter, since: int) -> Asy
     recent = await _newest(svc, thread, REPLAY_WINDOW)
     seen = {r.run_id for r in recent}
     due = list(reversed(recent))  # every run of the thread, oldest first
-    quiet_since = time.monotonic()
-    while True:
-        if not due:
-            due = await _new_runs(svc, thread, seen)
-        if not due:
-            if time.monotonic() - quiet_since >= HEARTBEAT:
-                quiet_since = time.monotonic()
-                yield SSE_HEARTBEAT
-            await asyncio.sleep(POLL)
+    async for run in thread_runs(svc, thread, seen, due):
+        if run is None:
+            yield SSE_HEARTBEAT
             continue
-        run = due.pop(0)
         graph_name = str(run.metadata.get("graph_id") or run.assistant_id)
         async for event in run_events(svc, run, graph_name):
             if event is None:
@@ -404,4 +395,3 @@ async def _frames(svc: Services, thread: str, wanted: Filter, since: int) -> Asy
                 continue
             event["seq"] = seq
             yield sse_frame(event["method"], dumps(event), str(seq))
-        quiet_since = time.monotonic()

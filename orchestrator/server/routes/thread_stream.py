@@ -107,6 +107,20 @@ async def _frames(
     else:  # a resuming client gets those that went on after its last event
         since = parse_id(after)[0]
         due = [r for r in reversed(recent) if not r.done or _ms(r.updated_at) >= since]
+    async for run in thread_runs(svc, thread, seen, due):
+        if run is None:
+            yield SSE_HEARTBEAT
+            continue
+        async for frame in _run_frames(svc, run, modes, after or "0-0"):
+            yield frame
+
+
+async def thread_runs(
+    svc: Services, thread: str, seen: set[str], due: list[RunRecord]
+) -> AsyncIterator[RunRecord | None]:
+    """The thread's runs one after the other, oldest first: ``due``, then each new one
+    (not in ``seen``) as it comes; ``None`` when a heartbeat is due while none comes.
+    The next run is looked for once the caller has streamed the one before."""
     quiet_since = time.monotonic()
     while True:
         if not due:
@@ -114,12 +128,10 @@ async def _frames(
         if not due:
             if time.monotonic() - quiet_since >= HEARTBEAT:
                 quiet_since = time.monotonic()
-                yield SSE_HEARTBEAT
+                yield None
             await asyncio.sleep(POLL)
             continue
-        run = due.pop(0)  # the oldest: runs of a thread go one after the other
-        async for frame in _run_frames(svc, run, modes, after or "0-0"):
-            yield frame
+        yield due.pop(0)
         quiet_since = time.monotonic()
 
 
