@@ -19,8 +19,7 @@ from a2a.types import Message, Part, Role, Task, TaskIdParams, TaskQueryParams, 
 
 from tests.support.api_pair import ApiPair, api_pair
 from tests.support.fleet import REPO
-from tests.support.langgraph_dev import start_langgraph_dev
-from tests.support.serving import ServerProcess, prefork_fleet, run, start_server
+from tests.support.serving import ServerProcess, prefork_fleet, run
 from tool_workers.contract.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
@@ -347,23 +346,9 @@ ASKER = REPO / "tests" / "a2a_project" / "langgraph.json"
 def asker_pair(
     prefork_fleet: Settings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ApiPair]:
-    ours = start_server(
-        prefork_fleet,
-        tmp_path_factory.mktemp("a2a-asker-toolfleet"),
-        "asker",
-        args=("--config", str(ASKER)),
-        model=None,
+    yield from api_pair(
+        prefork_fleet, tmp_path_factory, (f"tft-asker-{uuid.uuid4().hex}",), project=ASKER
     )
-    try:
-        theirs = start_langgraph_dev(prefork_fleet, ASKER, tmp_path_factory.mktemp("a2a-asker"))
-    except BaseException:
-        ours.stop()
-        raise
-    try:
-        yield ApiPair(ours, theirs)
-    finally:
-        theirs.stop()
-        ours.stop()
 
 
 def test_a2a_task_that_needs_input(asker_pair: ApiPair) -> None:
