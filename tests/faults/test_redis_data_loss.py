@@ -15,6 +15,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -202,76 +203,59 @@ def _fan_out(
     calls_each: int,
     seconds: float,
 ) -> dict[str, Any]:
-    dispatcher = dispatcher_for(settings=settings)
-    try:
-        return _run(dispatcher, settings, mode, url, before, lose, ledger, calls_each, seconds)
-    finally:
-        dispatcher.close()
+    with closing(dispatcher_for(settings=settings)) as dispatcher:
+        direct = redis.Redis.from_url(url)
+        # A fleet that ran before: the epoch of its records exists (and was replicated).
+        read_epoch(direct, settings.key_prefix)
+        tools = discover_tools(
+            dispatcher=dispatcher, require=["ledger_charge", "ledger_touch"], wait=15
+        )
+        before()
+        direct.set(SENTINEL, "1")  # written after the replica's link was cut
+        calls = [("ledger_charge", {"seconds": seconds, "tag": f"c{i}"}) for i in range(calls_each)]
+        calls += [("ledger_touch", {"seconds": seconds, "tag": f"t{i}"}) for i in range(calls_each)]
+        agent = create_agent(
+            one_turn(calls), tools, middleware=[CeleryToolMiddleware(dispatcher=dispatcher)]
+        )
+        outcome: dict[str, Any] = {}
 
+        def run() -> None:
+            try:
+                payload = {"messages": [("user", "go")]}
+                # Every call at once (a sync run's thread pool runs 6 by default).
+                config: Any = {"max_concurrency": 2 * calls_each}
+                outcome["state"] = (
+                    agent.invoke(payload, config)
+                    if mode == "sync"
+                    else asyncio.run(agent.ainvoke(payload, config))
+                )
+            except BaseException as exc:
+                outcome["error"] = exc
 
-def _run(
-    dispatcher: Any,
-    settings: Settings,
-    mode: str,
-    url: str,
-    before: Callable[[], None],
-    lose: Callable[[], None],
-    ledger: Path,
-    calls_each: int,
-    seconds: float,
-) -> dict[str, Any]:
-    direct = redis.Redis.from_url(url)
-    # A fleet that ran before: the epoch of its records exists (and was replicated).
-    read_epoch(direct, settings.key_prefix)
-    tools = discover_tools(
-        dispatcher=dispatcher, require=["ledger_charge", "ledger_touch"], wait=15
-    )
-    before()
-    direct.set(SENTINEL, "1")  # written after the replica's link was cut
-    calls = [("ledger_charge", {"seconds": seconds, "tag": f"c{i}"}) for i in range(calls_each)]
-    calls += [("ledger_touch", {"seconds": seconds, "tag": f"t{i}"}) for i in range(calls_each)]
-    agent = create_agent(
-        one_turn(calls), tools, middleware=[CeleryToolMiddleware(dispatcher=dispatcher)]
-    )
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
+        runner = threading.Thread(target=run, daemon=True)
+        runner.start()
+        wait_until(lambda: started_calls(settings) == 2 * calls_each, 30, "the start of every call")
+        time.sleep(seconds / 3)
+        lost_at = time.monotonic()
+        lose()
+        direct.close()
+        direct = redis.Redis.from_url(url)
+        assert direct.get(SENTINEL) is None, "the scenario did not lose Redis's data"
+        runner.join(timeout=TIME_LIMIT + MARGIN + 30)
+        outcome["took"] = time.monotonic() - lost_at
+        app = create_app(settings)
         try:
-            payload = {"messages": [("user", "go")]}
-            # Every call at once (a sync run's thread pool runs 6 by default).
-            config: Any = {"max_concurrency": 2 * calls_each}
-            outcome["state"] = (
-                agent.invoke(payload, config)
-                if mode == "sync"
-                else asyncio.run(agent.ainvoke(payload, config))
-            )
-        except BaseException as exc:
-            outcome["error"] = exc
-
-    runner = threading.Thread(target=run, daemon=True)
-    runner.start()
-    wait_until(lambda: started_calls(settings) == 2 * calls_each, 30, "the start of every call")
-    time.sleep(seconds / 3)
-    lost_at = time.monotonic()
-    lose()
-    direct.close()
-    direct = redis.Redis.from_url(url)
-    assert direct.get(SENTINEL) is None, "the scenario did not lose Redis's data"
-    runner.join(timeout=TIME_LIMIT + MARGIN + 30)
-    outcome["took"] = time.monotonic() - lost_at
-    app = create_app(settings)
-    try:
-        # A second run of a call would still be going: wait until the workers are idle.
-        wait_until(lambda: _idle(app), 30, "idle workers")
-    finally:
-        app.close()
-    outcome["runs"] = _ledger(ledger)
-    outcome["losses"] = read_losses(direct, settings.key_prefix)
-    outcome["status"] = collect(settings, timeout=1.0)
-    outcome["orchestrator_noticed"] = dispatcher.epochs.losses
-    direct.close()
-    assert not runner.is_alive(), "the run hangs after Redis lost its data"
-    return outcome
+            # A second run of a call would still be going: wait until the workers are idle.
+            wait_until(lambda: _idle(app), 30, "idle workers")
+        finally:
+            app.close()
+        outcome["runs"] = _ledger(ledger)
+        outcome["losses"] = read_losses(direct, settings.key_prefix)
+        outcome["status"] = collect(settings, timeout=1.0)
+        outcome["orchestrator_noticed"] = dispatcher.epochs.losses
+        direct.close()
+        assert not runner.is_alive(), "the run hangs after Redis lost its data"
+        return outcome
 
 
 def check(outcome: dict[str, Any], calls_each: int) -> None:
