@@ -179,14 +179,18 @@ def _surrogate_at(value: Any) -> str | None:
 
 
 class RequestBody(BaseModel):
-    """A request body: unknown fields ignored, and every string of it encodable.
+    """A request body: unknown fields ignored, each field of its documented JSON type,
+    and every string of it encodable.
+
+    Types are strict: ``false`` is not the integer 0, ``"5"`` is not 5 and ``1`` is not
+    ``true``, so a value the document refuses is a 422 here too, never a guess.
 
     JSON may spell a lone surrogate (``"\\ud800"``), which Python parses into a string
     that nothing downstream can encode: such a body is a 422 naming where it is, before
     anything is stored.
     """
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     @model_validator(mode="before")
     @classmethod

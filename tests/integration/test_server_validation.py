@@ -100,6 +100,34 @@ def test_unstorable_values_are_422_naming_the_field_and_leave_nothing(
     assert server_keys(server, redis_url) == before
 
 
+# JSON that names the wrong type: the documented type is the only one taken, never a
+# coercion of another (false is not the integer 0, "5" is not 5, 1 is not true).
+WRONG_TYPE = [
+    ("/store/items/search", {"offset": False}, "offset"),
+    ("/store/items/search", {"limit": "5"}, "limit"),
+    ("/store/items/search", {"refresh_ttl": 1}, "refresh_ttl"),
+    ("/store/namespaces", {"max_depth": True}, "max_depth"),
+    ("/threads/search", {"limit": 5.0}, "limit"),
+    ("/threads/search", {"offset": "0"}, "offset"),
+    ("/assistants/search", {"limit": True}, "limit"),
+    ("/runs", agent(stream_subgraphs="yes"), "stream_subgraphs"),
+    ("/runs", agent(after_seconds="1"), "after_seconds"),
+    ("/runs", agent(after_seconds=True), "after_seconds"),
+    ("/runs/crons", {"assistant_id": "agent", "schedule": "* * * * *", "end_time": 1}, "end_time"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "field"), WRONG_TYPE)
+def test_a_value_of_another_json_type_is_422_naming_the_field(
+    server: ServerProcess, http: httpx.Client, redis_url: str, path: str, body: Any, field: str
+) -> None:
+    before = server_keys(server, redis_url)
+    response = http.post(path, json=body)
+    assert response.status_code == 422, response.text
+    assert field in str(response.json()["detail"])
+    assert server_keys(server, redis_url) == before
+
+
 def test_history_filter_keys_must_be_plain_names(http: httpx.Client) -> None:
     """Given a thread, then a history filter key with a space is a 422 (the SQLite
     checkpointer would refuse it with a 500); a plain key filters."""

@@ -150,7 +150,7 @@ class _CronFields(_Strict):
     stream_subgraphs: bool | None = None
     stream_resumable: bool | None = None
     durability: Literal["sync", "async", "exit"] | None = None
-    end_time: datetime | None = None
+    end_time: datetime | None = Field(default=None, strict=False)  # JSON spells it a string
     """No tick after this time."""
     enabled: bool | None = None
     timezone: Timezone | None = None
@@ -160,6 +160,14 @@ class _CronFields(_Strict):
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("end_time", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> Any:
+        # The one field parsed from a string: a number is not read as a timestamp.
+        if value is not None and not isinstance(value, str):
+            raise ValueError("end_time is an ISO 8601 date-time string")
+        return value
 
     @field_validator("end_time")
     @classmethod
