@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from types import SimpleNamespace
+
 import pytest
 from pydantic import ValidationError
 
@@ -89,3 +92,37 @@ def test_redis_broker_config_is_unchanged() -> None:
 
     assert app.conf.broker_transport_options["global_keyprefix"] == "ns1:"
     assert app.amqp.queues["tools"].name == "tools"
+
+
+def test_no_acknowledging_thread_sets_the_prefetch_count_after_a_reconnect() -> None:
+    """Given a worker that reconnected with calls running, when a call received since
+    ends, then acknowledging it sets no prefetch count.
+
+    Celery restores a prefetch count it lowered at the reconnect from the ack's own
+    callback: on the threads pool that is a pool thread, whose synchronous ``basic.qos``
+    reads the socket while the consumer thread reads it too. The frames interleave
+    (``UnexpectedFrame``), the connection drops again, and RabbitMQ hands the running
+    calls to other workers a second time: an idempotent call ran three times.
+    """
+    from celery.worker.consumer import Consumer
+
+    class QoS:
+        def __init__(self) -> None:
+            self._mutex = threading.RLock()
+            self.value = 6
+            self.sets: list[int] = []
+
+        def set(self, value: int) -> None:
+            self.sets.append(value)
+
+    app = create_app(Settings(broker_url=AMQP, redis_url=REDIS))
+    consumer = SimpleNamespace(
+        app=app,
+        qos=QoS(),
+        _maximum_prefetch_restored=False,
+        _new_prefetch_count=7,
+        max_prefetch_count=8,
+        initial_prefetch_count=6,
+    )
+    Consumer._restore_prefetch_count_after_connection_restart(consumer, None)
+    assert consumer.qos.sets == []

@@ -94,6 +94,12 @@ def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
         "result_expires": settings.result_expires,
         "result_extended": False,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
+        # After a reconnect Celery lowers the prefetch count and raises it back from each
+        # ack's callback, which runs on the thread that ends the call: on the threads pool
+        # a pool thread, whose synchronous basic.qos reads the socket the consumer reads
+        # (frames interleave, the connection drops again, running calls are redelivered).
+        # Off: the full prefetch count at once, as before Celery 5.4.
+        "worker_enable_prefetch_count_reduction": False,
         "broker_channel_error_retry": True,
         # rediss:// URLs: the certificate checks of TOOLFLEET_REDIS_SSL_*.
         **celery_tls_config(settings),
