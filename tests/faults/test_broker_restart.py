@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,18 +21,15 @@ from tests.support.fleet import (
     effects,
     new_namespace,
     one_turn,
+    run_in_thread,
     started_calls,
     wait_until,
+    workers_idle,
 )
 from tool_workers.contract.broker import create_app
 from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def _idle(app: Any) -> bool:
-    replies = app.control.inspect(timeout=1.0).active() or {}
-    return bool(replies) and not any(replies.values())
 
 
 @contextlib.contextmanager
@@ -96,26 +91,14 @@ def test_run_survives_a_broker_restart(
         agent = create_agent(
             one_turn(calls), tools, middleware=[CeleryToolMiddleware(dispatcher=dispatcher)]
         )
-        outcome: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                payload = {"messages": [("user", "go")]}
-                outcome["state"] = (
-                    agent.invoke(payload) if mode == "sync" else asyncio.run(agent.ainvoke(payload))
-                )
-            except BaseException as exc:
-                outcome["error"] = exc
-
-        runner = threading.Thread(target=run, daemon=True)
-        runner.start()
+        runner, outcome = run_in_thread(agent, mode)
         wait_until(lambda: started_calls(settings) == 4, 30, "the start of every call")
         restart()
         runner.join(timeout=90)
         # A second run of a call would still be going: wait until the workers are idle.
         app = create_app(settings.model_copy(update=direct))
         try:
-            wait_until(lambda: _idle(app), 30, "idle workers")
+            wait_until(lambda: workers_idle(app), 30, "idle workers")
         finally:
             app.close()
 

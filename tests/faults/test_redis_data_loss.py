@@ -8,7 +8,6 @@ Redis, in a file each execution appends a line to (:mod:`tests.ledger_tools`).
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import json
@@ -29,7 +28,15 @@ from orchestrator.cli.status import collect
 from orchestrator.local import EmbeddedRedis
 from tests.support.amqp import AMQP_NAMESPACES
 from tests.support.cut_proxy import CutProxy
-from tests.support.fleet import REPO, new_namespace, one_turn, started_calls, wait_until
+from tests.support.fleet import (
+    REPO,
+    new_namespace,
+    one_turn,
+    run_in_thread,
+    started_calls,
+    wait_until,
+    workers_idle,
+)
 from tool_workers.contract.broker import create_app
 from tool_workers.contract.epoch import epoch_key, read_epoch, read_losses
 from tool_workers.contract.settings import Settings
@@ -43,11 +50,6 @@ MARGIN = 12.0
 """Seconds past the time limit a run may take after the loss: the orchestrator's check
 of its calls (5 s) and an idempotent call's second run."""
 SENTINEL = "tft-loss-sentinel"
-
-
-def _idle(app: Any) -> bool:
-    replies = app.control.inspect(timeout=1.0).active() or {}
-    return bool(replies) and not any(replies.values())
 
 
 def _link_up(client: redis.Redis) -> bool:
@@ -217,23 +219,8 @@ def _fan_out(
         agent = create_agent(
             one_turn(calls), tools, middleware=[CeleryToolMiddleware(dispatcher=dispatcher)]
         )
-        outcome: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                payload = {"messages": [("user", "go")]}
-                # Every call at once (a sync run's thread pool runs 6 by default).
-                config: Any = {"max_concurrency": 2 * calls_each}
-                outcome["state"] = (
-                    agent.invoke(payload, config)
-                    if mode == "sync"
-                    else asyncio.run(agent.ainvoke(payload, config))
-                )
-            except BaseException as exc:
-                outcome["error"] = exc
-
-        runner = threading.Thread(target=run, daemon=True)
-        runner.start()
+        # Every call at once (a sync run's thread pool runs 6 by default).
+        runner, outcome = run_in_thread(agent, mode, {"max_concurrency": 2 * calls_each})
         wait_until(lambda: started_calls(settings) == 2 * calls_each, 30, "the start of every call")
         time.sleep(seconds / 3)
         lost_at = time.monotonic()
@@ -246,7 +233,7 @@ def _fan_out(
         app = create_app(settings)
         try:
             # A second run of a call would still be going: wait until the workers are idle.
-            wait_until(lambda: _idle(app), 30, "idle workers")
+            wait_until(lambda: workers_idle(app), 30, "idle workers")
         finally:
             app.close()
         outcome["runs"] = _ledger(ledger)
@@ -381,7 +368,7 @@ def test_a_redelivery_to_another_worker_after_a_loss_is_refused(
             took = time.monotonic() - lost_at
             app = create_app(settings)
             try:
-                wait_until(lambda: _idle(app), 30, "idle workers")
+                wait_until(lambda: workers_idle(app), 30, "idle workers")
             finally:
                 app.close()
             refused = [

@@ -3,7 +3,9 @@ counters, and waits on the state a test means (never a fixed sleep)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 import uuid
 from collections import Counter
@@ -178,3 +180,32 @@ def result_state(settings: Settings, task_id: str) -> str | None:
         client.close()
         app.close()
     return None if raw is None else str(json.loads(raw)["status"])
+
+
+def workers_idle(app: Any) -> bool:
+    """Whether every worker answered and none is running a call."""
+    replies = app.control.inspect(timeout=1.0).active() or {}
+    return bool(replies) and not any(replies.values())
+
+
+def run_in_thread(
+    agent: Any, mode: str, config: Any = None
+) -> tuple[threading.Thread, dict[str, Any]]:
+    """Start one run of ``agent`` (``mode`` "sync" or "async") on a daemon thread; the
+    thread and the outcome it fills in (``state``, or ``error``)."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            payload = {"messages": [("user", "go")]}
+            outcome["state"] = (
+                agent.invoke(payload, config)
+                if mode == "sync"
+                else asyncio.run(agent.ainvoke(payload, config))
+            )
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    return runner, outcome
