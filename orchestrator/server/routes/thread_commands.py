@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from orchestrator.server.encoding import SSE_HEARTBEAT, dumps, loads, sse_frame
 from orchestrator.server.errors import AtCapacity, RequestRefused
 from orchestrator.server.openapi import AT_CAPACITY, NOT_FOUND
-from orchestrator.server.routes.thread_stream import REPLAY_WINDOW, _newest, thread_runs
+from orchestrator.server.routes.thread_stream import REPLAY_WINDOW, newest_runs, thread_runs
 from orchestrator.server.routes.threads import existing_thread
 from orchestrator.server.runconfig import thread_config
 from orchestrator.server.runstream import ProtocolRun
@@ -378,7 +378,7 @@ async def thread_events(
 
 async def _frames(svc: Services, thread: str, wanted: Filter, since: int) -> AsyncIterator[bytes]:
     seq = 0
-    recent = await _newest(svc, thread, REPLAY_WINDOW)
+    recent = await newest_runs(svc, thread, REPLAY_WINDOW)
     seen = {r.run_id for r in recent}
     due = list(reversed(recent))  # every run of the thread, oldest first
     async for run in thread_runs(svc, thread, seen, due):

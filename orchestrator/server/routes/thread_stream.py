@@ -100,7 +100,7 @@ async def join_thread_stream(
 async def _frames(
     svc: Services, thread: str, modes: set[str], after: str | None
 ) -> AsyncIterator[bytes]:
-    recent = await _newest(svc, thread, REPLAY_WINDOW if after is not None else JOIN_WINDOW)
+    recent = await newest_runs(svc, thread, REPLAY_WINDOW if after is not None else JOIN_WINDOW)
     seen = {r.run_id for r in recent}
     if after is None:  # runs finished before the client came are history
         due = [r for r in reversed(recent) if not r.done]
@@ -168,7 +168,7 @@ async def _ended(svc: Services, run: RunRecord) -> bool:
     return last is None or last.event == END
 
 
-async def _newest(svc: Services, thread: str, count: int) -> list[RunRecord]:
+async def newest_runs(svc: Services, thread: str, count: int) -> list[RunRecord]:
     """The thread's ``count`` newest runs, newest first (two round trips)."""
     return await svc.store.runs_by_id(await svc.store.newest_run_ids(thread, count))
 
