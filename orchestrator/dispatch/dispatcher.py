@@ -369,14 +369,15 @@ class CeleryDispatcher:
         the one seen before is a loss of Redis data (logged, counted, noted)."""
         prefix = self.settings.key_prefix
         self._epoch_read_at = time.monotonic()
+        since = self.epochs.generation
         try:
             epoch, missing = read_epoch(self._redis, prefix)
         except redis.RedisError as exc:  # the messages go out without one: run as before
             log.warning("could not read the epoch of toolfleet's records: %r", exc)
             return
-        if self.epochs.seen(epoch, missing=missing):
+        if self.epochs.seen(epoch, missing=missing, since=since):
             note_loss(self._redis, prefix, "orchestrator", _how(missing), epoch)
-        self._publisher.epoch = epoch
+        self._publisher.epoch = self.epochs.known
 
     def _records_lost(self, call: PreparedCall, stamped: str) -> None:
         """The marker of ``call``, published here under the epoch ``stamped``, is gone
@@ -386,10 +387,11 @@ class CeleryDispatcher:
         have run" when its tool is not idempotent, and published again otherwise."""
         prefix = self.settings.key_prefix
         if stamped and stamped == self.epochs.known:
+            since = self.epochs.generation
             epoch = renew_epoch(self._redis, prefix, stamped)
-            if self.epochs.lost_marker(epoch):
+            if self.epochs.lost_marker(epoch, since=since):
                 note_loss(self._redis, prefix, "orchestrator", "a published call's marker", epoch)
-            self._publisher.epoch = epoch
+            self._publisher.epoch = self.epochs.known
         if self._idempotent(call):
             log.warning("Redis lost call %s to %s; publishing it again", call.task_id, call.tool)
             self._after(self._publisher.publish([call]))

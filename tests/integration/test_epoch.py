@@ -97,6 +97,24 @@ def test_an_epoch_watch_counts_each_loss_once() -> None:
     assert len(counted) == 2 and watch.losses == 2
 
 
+def test_a_read_begun_before_the_epoch_was_replaced_is_not_a_loss() -> None:
+    """Given one thread of a process reading the epoch while another replaces it (a
+    marker it wrote was gone), when the replacement's answer is taken first, then the
+    older read's answer (the replaced epoch) is neither a second loss nor the epoch known
+    now (which would have a third thread replace it again); a read begun after the
+    replacement that finds the old epoch is a loss (a failover back to a replica that
+    missed the replacement)."""
+    watch = EpochWatch("orchestrator")
+    assert not watch.seen("a")
+    read_began = watch.generation
+    assert watch.lost_marker("b")
+    assert not watch.seen("a", since=read_began)
+    assert not watch.lost_marker("a", since=read_began)
+    assert (watch.known, watch.losses) == ("b", 1)
+    assert watch.seen("a", since=watch.generation)
+    assert (watch.known, watch.losses) == ("a", 2)
+
+
 def test_noted_losses_are_read_back_and_malformed_ones_left_out(
     client: redis.Redis, settings: Settings
 ) -> None:

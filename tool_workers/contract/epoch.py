@@ -52,6 +52,9 @@ LOSSES = "epoch:lost"
 LOSSES_KEPT = 20
 """Losses the list keeps."""
 
+LEFT_KEPT = 16
+"""Epochs a process remembers having left (to tell a stale answer naming one)."""
+
 CHECK_INTERVAL = 1.0
 """Seconds between a process's looks at the epoch when nothing else reads it (a worker
 whose calls all have their markers)."""
@@ -198,6 +201,12 @@ class EpochWatch:
         """The epoch seen last (``""``: none yet)."""
         self.losses = 0
         """Losses this process noticed."""
+        self.generation = 0
+        """How many times :attr:`known` changed here. A caller takes it before it reads
+        the epoch and passes it as ``since``: the answer of a read begun before the
+        epoch it names was left here is stale (another thread's newer answer was taken
+        first), not a return of that epoch."""
+        self._left: dict[str, int] = {}
         self._looked_at = float("-inf")
 
     def due(self, interval: float = CHECK_INTERVAL) -> bool:
@@ -210,16 +219,39 @@ class EpochWatch:
             self._looked_at = now
             return True
 
-    def seen(self, epoch: str, *, missing: bool = False, stamped: str = "") -> bool:
-        """``epoch`` was read (``missing``: the key was gone and this process wrote it).
+    def _stale(self, epoch: str, since: int | None) -> bool:
+        """Whether an answer naming ``epoch``, read from :attr:`generation` ``since``, was
+        read before this process left that epoch (call with the lock held)."""
+        left_at = self._left.get(epoch)
+        return since is not None and left_at is not None and since < left_at
+
+    def _take(self, epoch: str) -> str:
+        """``epoch`` is the one known now; the one before (call with the lock held)."""
+        previous, self.known = self.known, epoch
+        if previous and previous != epoch:
+            self.generation += 1
+            self._left[previous] = self.generation
+            self._left.pop(epoch, None)
+            while len(self._left) > LEFT_KEPT:
+                del self._left[next(iter(self._left))]
+        return previous
+
+    def seen(
+        self, epoch: str, *, missing: bool = False, stamped: str = "", since: int | None = None
+    ) -> bool:
+        """``epoch`` was read (``missing``: the key was gone and this process wrote it;
+        ``since``: :attr:`generation` when the read began).
 
         A loss when this process knew another epoch, or when the key was gone although
-        a call (``stamped``) names an epoch. Returns whether this is a loss not yet
+        a call (``stamped``) names an epoch. An answer read before this process left
+        the epoch it names is stale and ignored. Returns whether this is a loss not yet
         noticed here (the caller notes it in Redis); it is logged and counted here.
         """
         with self._lock:
             self._looked_at = time.monotonic()
-            previous, self.known = self.known, epoch
+            if self._stale(epoch, since):
+                return False
+            previous = self._take(epoch)
             lost = bool(previous and previous != epoch) or (missing and bool(stamped))
             if lost:
                 self.losses += 1
@@ -235,12 +267,15 @@ class EpochWatch:
                 self._on_loss()
         return lost
 
-    def lost_marker(self, epoch: str) -> bool:
+    def lost_marker(self, epoch: str, *, since: int | None = None) -> bool:
         """This process found a marker it wrote gone (the epoch did not show it) and
-        replaced the epoch with ``epoch``: logged and counted as :meth:`seen` does."""
+        replaced the epoch with ``epoch``: logged and counted as :meth:`seen` does
+        (``since`` as there)."""
         with self._lock:
+            if self._stale(epoch, since):
+                return False
             changed = epoch != self.known
-            previous, self.known = self.known, epoch
+            previous = self._take(epoch)
             if changed:
                 self.losses += 1
         if changed:

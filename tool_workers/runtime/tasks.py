@@ -393,11 +393,14 @@ def _how_lost(start: Start) -> str:
     return "its worker stopped"
 
 
-def _records_lost(task: Task, key_prefix: str, start: Start) -> bool:
+def _records_lost(task: Task, key_prefix: str, start: Start, since: int) -> bool:
     """Whether the call's records were lost after it was published or started here (its
-    fate is unknown); a loss this process had not noticed yet is noted."""
+    fate is unknown); a loss this process had not noticed yet is noted (``since``: the
+    watch's generation when the start script was run)."""
     stamped = epoch_of(task.request)
-    if start.epoch and EPOCHS.seen(start.epoch, missing=start.epoch_missing, stamped=stamped):
+    if start.epoch and EPOCHS.seen(
+        start.epoch, missing=start.epoch_missing, stamped=stamped, since=since
+    ):
         note_loss(
             task.backend.client,
             key_prefix,
@@ -415,12 +418,13 @@ def _records_lost(task: Task, key_prefix: str, start: Start) -> bool:
         # epoch: the call's copies elsewhere are refused too.
         if start.unknown or not start.unmarked or start.epoch != stamped:
             return True
+        since = EPOCHS.generation
         try:
             epoch = renew_epoch(task.backend.client, key_prefix, start.epoch)
         except Exception as exc:  # refused here anyway
             log.warning("could not replace the epoch: %r", exc)
         else:
-            if EPOCHS.lost_marker(epoch):
+            if EPOCHS.lost_marker(epoch, since=since):
                 note_loss(
                     task.backend.client, key_prefix, "worker", "a started call's marker", epoch
                 )
@@ -458,6 +462,7 @@ def _check_delivery(
         if channel
         else ""
     )
+    since = EPOCHS.generation
     keys, args = start_args(
         key_prefix,
         task_id,
@@ -470,7 +475,7 @@ def _check_delivery(
         check_epoch=EPOCHS.due(),
     )
     start = parse_start(_start_script(task.backend)(keys=keys, args=args))
-    unknown = _records_lost(task, key_prefix, start)
+    unknown = _records_lost(task, key_prefix, start, since)
     # A retries header above the retries a worker scheduled was written by someone else.
     attempt = min(attempt, start.scheduled + 1)
     if start.stale and dropped_unrun(task.request):
