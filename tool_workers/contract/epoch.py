@@ -274,8 +274,8 @@ class EpochWatch:
         with self._lock:
             if self._stale(epoch, since):
                 return False
-            changed = epoch != self.known
             previous = self._take(epoch)
+            changed = epoch != previous
             if changed:
                 self.losses += 1
         if changed:
