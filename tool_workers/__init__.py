@@ -18,13 +18,29 @@ the tool modules named by ``TOOLFLEET_TOOL_MODULES`` and registers one task per 
 
 from __future__ import annotations
 
-# The wire contract.
-from tool_workers.contract.models import PROTOCOL_VERSION, ToolRequest, ToolResult
-from tool_workers.contract.settings import Settings
+import importlib
+from typing import TYPE_CHECKING, Any
 
-# What a tool author needs on the worker side, none of it importing Celery.
-from tool_workers.runtime.context import CallContext, current_call
-from tool_workers.runtime.progress import heartbeat
+if TYPE_CHECKING:
+    from tool_workers.contract.models import PROTOCOL_VERSION, ToolRequest, ToolResult
+    from tool_workers.contract.settings import Settings
+    from tool_workers.runtime.context import CallContext, current_call
+    from tool_workers.runtime.progress import heartbeat
+
+# Resolved on first use (PEP 562): the orchestrator imports only ``tool_workers.contract``,
+# and every import of a submodule runs this file first, so an eager import here would
+# load the worker's runtime into every orchestrator process.
+_HOMES = {
+    # The wire contract.
+    "PROTOCOL_VERSION": "tool_workers.contract.models",
+    "ToolRequest": "tool_workers.contract.models",
+    "ToolResult": "tool_workers.contract.models",
+    "Settings": "tool_workers.contract.settings",
+    # What a tool author needs on the worker side, none of it importing Celery.
+    "CallContext": "tool_workers.runtime.context",
+    "current_call": "tool_workers.runtime.context",
+    "heartbeat": "tool_workers.runtime.progress",
+}
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -35,3 +51,16 @@ __all__ = [
     "current_call",
     "heartbeat",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'tool_workers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -19,10 +19,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from orchestrator.dispatch.base import Dispatcher, PlacementTable
 from orchestrator.dispatch.dispatcher import CeleryDispatcher
 from orchestrator.dispatch.fleet import close_all, dispatcher_for
-from orchestrator.dispatch.in_process import InProcessDispatcher
+
+if TYPE_CHECKING:
+    from orchestrator.dispatch.in_process import InProcessDispatcher
 
 __all__ = [
     "CeleryDispatcher",
@@ -32,3 +36,13 @@ __all__ = [
     "close_all",
     "dispatcher_for",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The in-process dispatcher runs the worker's runtime in this process: it is loaded
+    # when it is asked for, so importing the transport loads no worker code.
+    if name == "InProcessDispatcher":
+        from orchestrator.dispatch.in_process import InProcessDispatcher
+
+        return InProcessDispatcher
+    raise AttributeError(f"module 'orchestrator.dispatch' has no attribute {name!r}")

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -232,3 +235,52 @@ def test_given_orchestrator_then_no_caller_probes_a_dispatcher_with_getattr() ->
             ):
                 probes.append(f"{name}: {ast.unparse(node)}")
     assert probes == []
+
+
+AGENT_SIDE = (
+    "import orchestrator.dispatch",
+    "import orchestrator",
+    "import orchestrator.middleware",
+    "from orchestrator import discover_tools",
+    "from orchestrator import CeleryToolMiddleware; CeleryToolMiddleware()",
+)
+"""What an agent author's process does before it calls a tool, in order: none of it may
+load worker code, whatever the source's import lines say (a package ``__init__`` runs for
+every import of a module under it)."""
+
+
+def worker_modules_after(steps: tuple[str, ...]) -> dict[str, list[str]]:
+    """The worker-side modules loaded after each step, run in order in a new interpreter."""
+    probe = ["import os, sys", "os.environ['TOOLFLEET_BROKER_URL'] = 'redis://127.0.0.1:1/0'"]
+    for step in steps:
+        probe += [
+            step,
+            "print('', *sorted(m for m in sys.modules if m.startswith('tool_workers.')))",
+        ]
+    done = subprocess.run(
+        [sys.executable, "-c", "\n".join(probe)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    loaded: dict[str, list[str]] = {}
+    for line, step in zip(done.stdout.splitlines(), steps, strict=True):
+        loaded[step] = [m for m in line.split() if not in_contract(m) and not in_compat(m)]
+    return loaded
+
+
+def test_given_the_agent_side_then_no_worker_module_is_loaded() -> None:
+    assert worker_modules_after(AGENT_SIDE) == {step: [] for step in AGENT_SIDE}
+
+
+def test_given_the_in_process_dispatcher_then_the_runtime_loads_only_when_it_is_used() -> None:
+    first, second = (
+        "from orchestrator.dispatch import Dispatcher",
+        "from orchestrator.dispatch import InProcessDispatcher",
+    )
+    loaded = worker_modules_after((first, second))
+    assert loaded[first] == []
+    assert "tool_workers.runtime.tasks" in loaded[second]
