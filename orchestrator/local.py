@@ -93,6 +93,8 @@ class EmbeddedRedis:
         data_dir: Keep data here (with ``appendonly``, it survives a restart).
         appendonly: Turn on AOF persistence (for broker-restart tests and demos).
         password: Require this password (``requirepass``) from every client.
+        port: Listen on this port (starting fails when it is taken); any free port when
+            omitted or 0.
     """
 
     def __init__(
@@ -101,6 +103,7 @@ class EmbeddedRedis:
         *,
         appendonly: bool = False,
         password: str | None = None,
+        port: int | None = None,
     ) -> None:
         config: dict[str, Any] = {"appendonly": "yes" if appendonly else "no"}
         if appendonly:
@@ -108,6 +111,8 @@ class EmbeddedRedis:
         self._server = SessionValkeyServer(
             data_dir=data_dir, persist=data_dir is not None, **config
         )
+        if port:
+            self._server.keep_port(port)
         self._port: int | None = None
         self.password = password
 

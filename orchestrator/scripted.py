@@ -1,8 +1,17 @@
 """A deterministic tool-calling chat model: replays a script, needs no API key.
 
-Used by ``toolfleet demo`` when no model is named, by the benchmarks and by the tests.
-A script step is an AIMessage (returned as is) or a function of the conversation so far
-returning one; tool calls without an id get a unique one.
+Used by ``toolfleet demo`` when no model is named, by the benchmarks and by the tests,
+and by anyone who wants to run an agent over their own tools without an API key::
+
+    model = ScriptedChatModel(script=[
+        [("read_file", {"path": "README.md"}), ("grep", {"pattern": "TODO"})],  # one turn
+        "Done.",                                                              # the answer
+    ])
+
+A script step is a list of ``(tool name, args)`` pairs (one AIMessage calling them all,
+in parallel), a string (the final answer), an AIMessage (returned as is; a tool call
+whose ``id`` is ``None`` gets a unique one), or a function of the conversation so far
+returning any of these.
 """
 
 from __future__ import annotations
@@ -21,7 +30,10 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import ConfigDict, PrivateAttr
 
-Step = AIMessage | Callable[[Sequence[BaseMessage]], AIMessage]
+Turn = AIMessage | str | Sequence[tuple[str, dict[str, Any]]]
+"""What a model call answers: an AIMessage, a final answer, or ``(tool, args)`` calls."""
+
+Step = Turn | Callable[[Sequence[BaseMessage]], Turn]
 
 SCRIPTED = "toolfleet:scripted"
 """Model spec naming the scripted demo model (the default when no model is named)."""
@@ -38,7 +50,7 @@ class ScriptedChatModel(BaseChatModel):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     script: list[Any] = []
-    policy: Callable[[Sequence[BaseMessage]], AIMessage] | None = None
+    policy: Callable[[Sequence[BaseMessage]], Turn] | None = None
     _position: int = PrivateAttr(default=0)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
@@ -66,8 +78,7 @@ class ScriptedChatModel(BaseChatModel):
             step = self.policy
         else:
             raise RuntimeError(f"script exhausted after {len(self.script)} model calls")
-        message = step(messages) if callable(step) else step
-        return _with_ids(message)
+        return as_message(step(messages) if callable(step) else step)
 
     def _generate(
         self,
@@ -86,6 +97,15 @@ class ScriptedChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         return ChatResult(generations=[ChatGeneration(message=self._next(messages))])
+
+
+def as_message(turn: Turn) -> AIMessage:
+    """A script step's answer as the AIMessage the model returns."""
+    if isinstance(turn, str):
+        return AIMessage(content=turn)
+    if not isinstance(turn, AIMessage):
+        return tool_calls_message(list(turn))
+    return _with_ids(turn)
 
 
 def _with_ids(message: AIMessage) -> AIMessage:

