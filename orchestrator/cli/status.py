@@ -250,37 +250,24 @@ def tool_routes(entries: list[WorkerEntry], settings: Settings) -> list[ToolRout
 
 
 def routing_warnings(entries: list[WorkerEntry], routes: list[ToolRoute]) -> list[str]:
-    """A queue whose consumers do not all serve a tool routed there (by the policy, or by
-    the workers' own policy on a shared queue such as ``tools``)."""
-    consumers: dict[str, list[WorkerEntry]] = defaultdict(list)
-    for entry in entries:
-        for queue in entry.queues:
-            consumers[queue].append(entry)
-    sent: dict[str, set[str]] = defaultdict(set)
+    """Tools whose calls this orchestrator's policy sends to a queue no live worker
+    consumes: those calls wait there until ``TOOLFLEET_UNSERVED_WAIT`` fails them.
+
+    A queue whose consumers serve different tools (the quick start's kinds sharing
+    ``tools``) is no warning: a call that reaches a worker not serving its tool is handed
+    on to one that does (:mod:`tool_workers.celery_ext.hand_on`), so nothing goes wrong.
+    """
+    consumed = {queue for entry in entries for queue in entry.queues}
+    stranded: dict[str, set[str]] = defaultdict(set)
     for route in routes:
-        sent[route.queue].add(route.tool)
-    for entry in entries:
-        for spec in entry.tools:
-            if spec.queue in entry.queues:
-                sent[spec.queue].add(spec.name)
-    warnings = []
-    for queue, tools in sorted(sent.items()):
-        for tool in sorted(tools):
-            missing = sorted(
-                e.worker for e in consumers.get(queue, []) if tool not in {t.name for t in e.tools}
-            )
-            if not missing:
-                continue
-            how = (
-                "routed there by the policy file"
-                if any(r.queue == queue and r.tool == tool for r in routes)
-                else "published there by hand or by an older orchestrator"
-            )
-            warnings.append(
-                f"queue {queue!r}: {', '.join(missing)} consume(s) it but do not serve "
-                f"{tool} ({how}); such calls are handed on to a worker that serves it"
-            )
-    return warnings
+        if route.queue not in consumed:
+            stranded[route.queue].add(route.tool)
+    return [
+        f"queue {queue!r}: the policy file routes {', '.join(sorted(tools))} there and no "
+        "live worker consumes it; such calls wait, then fail (start a worker with "
+        f"-Q {queue}, or route them elsewhere)"
+        for queue, tools in sorted(stranded.items())
+    ]
 
 
 def kind_of(worker: str) -> str:

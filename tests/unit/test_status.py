@@ -10,10 +10,13 @@ from orchestrator.cli.status import (
     FleetStatus,
     InFlightCall,
     QueueStatus,
+    ToolRoute,
     WorkerStatus,
     live_placement,
     render,
+    routing_warnings,
 )
+from tool_workers.contract.models import ToolSpec, WorkerEntry
 
 STATUS = FleetStatus(
     namespace="",
@@ -106,3 +109,31 @@ def test_placement_of_another_host_is_one_line_not_a_table() -> None:
 
     assert text.count("Tool placement") == 1
     assert "orchestrator elsewhere:42 published its tool placement" in text
+
+
+def _worker(name: str, queues: list[str], tools: list[str]) -> WorkerEntry:
+    specs = [ToolSpec(name=t, description=t, args_schema={}, queue="tools") for t in tools]
+    return WorkerEntry(worker=name, pid=1, queues=queues, tools=specs, updated_at=0.0)
+
+
+def test_kinds_sharing_a_queue_with_different_tools_are_no_warning() -> None:
+    """The quick start's two kinds on ``tools``: a call reaching the other kind is handed
+    on, so nothing is said."""
+    entries = [_worker("builtins@a", ["tools"], ["grep"]), _worker("project@a", ["tools"], ["add"])]
+    routes = [ToolRoute("grep", "v1", "tools", ["builtins@a"], True)]
+    routes.append(ToolRoute("add", "v1", "tools", ["project@a"], True))
+
+    assert routing_warnings(entries, routes) == []
+
+
+def test_a_tool_routed_to_a_queue_no_worker_consumes_is_one_warning() -> None:
+    entries = [_worker("builtins@a", ["tools"], ["grep", "run_python"])]
+    routes = [
+        ToolRoute("run_python", "v1", "sandbox", ["builtins@a"], True),
+        ToolRoute("run_python", "v2", "sandbox", ["builtins@a"], False),
+        ToolRoute("grep", "v1", "tools", ["builtins@a"], True),
+    ]
+
+    (warning,) = routing_warnings(entries, routes)
+
+    assert "'sandbox'" in warning and "run_python" in warning and "-Q sandbox" in warning
