@@ -142,6 +142,11 @@ def settings_table() -> str:
     return "\n".join(rows)
 
 
+POLICY_DEFAULTS = {"queue": "its tool queue, `tool:<name>:<version>`"}
+"""Policy keys whose default is not the model's value: a tool with no ``queue`` (of its
+own or under ``[defaults]``) is routed by tool (``ToolPolicies.explicit_queue``)."""
+
+
 def policy_table() -> str:
     """Markdown table of every per-tool policy key: key, type, default, description."""
     docs = field_docs(ToolPolicy)
@@ -150,7 +155,8 @@ def policy_table() -> str:
         kind = type_text(field.annotation, sequence="list of strings")
         if bounds := bounds_text(field):
             kind = f"{kind}, {bounds}"
-        cells = (f"`{name}`", kind, default_text(field, toml=True), prose(docs.get(name, "")))
+        default = POLICY_DEFAULTS.get(name) or default_text(field, toml=True)
+        cells = (f"`{name}`", kind, default, prose(docs.get(name, "")))
         rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(rows)
 

@@ -18,7 +18,7 @@ from types import ModuleType
 
 import pytest
 
-from tool_workers.contract.settings import Settings, ToolPolicy
+from tool_workers.contract.settings import Settings, ToolPolicies, ToolPolicy
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK = REPO / "docs" / "hooks" / "settings_reference.py"
@@ -92,7 +92,33 @@ def test_given_a_policy_key_then_the_page_has_it(name: str, configuration_page: 
     hook = load_hook()
     row = rows(configuration_page).get(name)
     assert row is not None, f"policy key {name} is not in the configuration reference"
-    assert hook.default_text(ToolPolicy.model_fields[name], toml=True) in row
+    shown = hook.POLICY_DEFAULTS.get(name) or hook.default_text(
+        ToolPolicy.model_fields[name], toml=True
+    )
+    assert shown in row
+
+
+def test_given_a_tool_without_a_queue_then_the_table_says_its_tool_queue(
+    configuration_page: str,
+) -> None:
+    # The model's default ("tools") is what [defaults] would give; a tool with no queue
+    # of its own is routed by tool, as the page's text says.
+    row = rows(configuration_page)["queue"]
+    assert "tool queue" in row.split(" | ")[2], row
+    assert ToolPolicies().explicit_queue("anything") is None
+
+
+def test_given_the_site_then_diagrams_need_no_script_from_elsewhere() -> None:
+    # Material draws mermaid with a script from a CDN: a page read without the internet
+    # would show the diagram's source. Diagrams are text.
+    pages = [REPO / "mkdocs.yml", *sorted((REPO / "docs").rglob("*.md"))]
+    assert [p.name for p in pages if "mermaid" in p.read_text(encoding="utf-8")] == []
+
+
+def test_given_a_reference_table_then_its_names_are_never_broken_across_lines() -> None:
+    css = (REPO / "docs" / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+    assert "stylesheets/extra.css" in (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+    assert "td:first-child code" in css and "white-space: nowrap" in css
 
 
 def test_given_the_readme_then_it_is_a_front_page_within_its_budget() -> None:

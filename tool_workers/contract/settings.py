@@ -45,7 +45,9 @@ class ToolPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     queue: str = DEFAULT_QUEUE
-    """Celery queue the tool's task is routed to."""
+    """Celery queue the tool's task is routed to by hand. Without one (of its own or under
+    ``[defaults]``) a tool is routed by tool, to its own tool queue, which only workers
+    serving it consume."""
     time_limit: float = Field(default=300.0, gt=0)
     """Hard limit in seconds: the pool process running the call is killed and replaced."""
     soft_time_limit: float | None = None
