@@ -225,6 +225,15 @@ def test_redis_persists_requires_a_password_and_has_a_healthcheck() -> None:
     assert "ping" in " ".join(redis["healthcheck"]["test"])
 
 
+def test_one_refusal_names_every_secret_to_set() -> None:
+    """Given an .env with no secret set, then the first refusal already names each one
+    the file needs (one run, not one per secret)."""
+    with pytest.raises(MissingVariable) as refused:
+        services(env_example())
+    for secret in SECRETS:
+        assert secret in str(refused.value), secret
+
+
 def test_secrets_have_no_default() -> None:
     """Given no REDIS_PASSWORD or no FLOWER_BASIC_AUTH, then compose refuses to start."""
     for missing in SECRETS:
