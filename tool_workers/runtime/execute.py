@@ -10,7 +10,9 @@ import asyncio
 import json
 import os
 import time
+import traceback
 from collections.abc import Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +25,7 @@ from langgraph.types import Command, Send
 from pydantic import ValidationError
 
 from tool_workers.celery_ext.soft_limit import tool_window
+from tool_workers.contract.connections import mask_secrets
 from tool_workers.contract.models import ToolRequest, ToolResult, error_text, timeout_text
 from tool_workers.contract.wire_json import NotJSONError, to_wire
 from tool_workers.observability.trace_parent import parented_config
@@ -30,6 +33,28 @@ from tool_workers.runtime.context import CallContext, call_scope
 from tool_workers.runtime.injection import MissingContextError, WorkerGraph, inject, invoke_config
 
 TRUNCATION_NOTE = "\n[toolfleet: result truncated from {size} to {limit} bytes]"
+
+TRACEBACK_CHARS = 8_000
+"""The end of a tool's traceback a failed task keeps (the frames nearest the error)."""
+
+_raised: ContextVar[BaseException | None] = ContextVar("toolfleet_tool_raised", default=None)
+"""What the tool of the call last run in this context raised (``None``: it did not)."""
+
+
+class ToolTraceback(Exception):
+    """The tool's own traceback, as text with secrets masked: the cause of a failed task,
+    so Flower shows the line of the tool that failed, not only toolfleet's ``raise``."""
+
+
+def tool_traceback() -> ToolTraceback | None:
+    """The traceback of what the tool of the last call run here raised, or ``None``."""
+    exc = _raised.get()
+    if exc is None:
+        return None
+    text = "".join(traceback.format_exception(exc)).rstrip()
+    if len(text) > TRACEBACK_CHARS:
+        text = "...\n" + text[-TRACEBACK_CHARS:]
+    return ToolTraceback("the tool's own traceback:\n" + mask_secrets(text))
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +107,7 @@ def run_call(
         TransientToolError: the tool raised one of ``transient``; the caller retries.
     """
     base = {"worker": worker, "pid": os.getpid()}
+    _raised.set(None)
     try:
         arg_bytes = json_size(request.args)
     except (TypeError, ValueError) as exc:
@@ -133,6 +159,7 @@ def run_call(
     except transient as exc:
         raise TransientToolError(exc) from exc
     except Exception as exc:
+        _raised.set(exc)
         return ToolResult.error(
             "tool_error", error_text(exc), duration=time.perf_counter() - t0, **timing
         )

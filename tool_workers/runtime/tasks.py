@@ -54,7 +54,7 @@ from tool_workers.contract.settings import Settings, ToolPolicies, ToolPolicy
 from tool_workers.contract.signing import refused_request_text, request_problem, sign_result
 from tool_workers.contract.store import store_for
 from tool_workers.observability.metrics import active as active_metrics
-from tool_workers.runtime.execute import Limits, TransientToolError, run_call
+from tool_workers.runtime.execute import Limits, TransientToolError, run_call, tool_traceback
 from tool_workers.runtime.injection import WorkerGraph, injected_args_of
 from tool_workers.runtime.progress import ProgressPublisher, publishing
 
@@ -194,8 +194,9 @@ def _register(
         result = answer(self, *args, **kwargs)
         if result.get("status") == "error":
             # Stored and published as the task's FAILURE, the result riding along
-            # (tool_workers.contract.failed): the caller reads it as a success's.
-            raise failure_of(result)
+            # (tool_workers.contract.failed): the caller reads it as a success's. The
+            # tool's own traceback is its cause: the traceback Flower shows.
+            raise failure_of(result) from tool_traceback()
         return result
 
     def answer(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
