@@ -54,6 +54,7 @@ from orchestrator.server.cronstore import (
     shortest_gap,
 )
 from orchestrator.server.errors import NotFound
+from orchestrator.server.guards.account import QuotaExceeded
 from orchestrator.server.keys import Keys
 from orchestrator.server.store import Store
 from orchestrator.server.tenancy import split_thread_key, thread_key
@@ -344,7 +345,11 @@ class CronBeat:
             )
             return None
         self._said.pop(name, None)
-        await self.crons.touch(tenant, doc)
+        try:  # a cron that fires is kept, with its entry
+            await self.crons.touch(tenant, doc)
+            await self._r.expire(self._entry(name, doc).key, self.crons.ttl(doc))
+        except QuotaExceeded:  # its usage record was lost: it is kept as it was
+            pass
         log.info("cron %s: tick %s started run %s", cron_id, tick.isoformat(), run.run_id)
         return str(run.run_id)
 

@@ -289,3 +289,18 @@ def test_a_cron_gone_from_its_records_drops_its_schedule_entry(
     assert served.fire(cron_id) is None
     assert not served.keys(f"cron-beat:*{cron_id}")
     assert not [k for k in served.keys("cron-fired:*") if cron_id in k]
+
+
+def test_a_cron_that_fires_is_kept_as_long_as_it_does(served: Served, crons: list[str]) -> None:
+    """Given a cron on a thread whose keys are about to expire, when one of its ticks
+    starts a run, then every key of the cron is kept the retention again."""
+    thread = served.http.post("/threads", json={}).json()["thread_id"]
+    cron_id = new_cron(served, crons, thread=thread).json()["cron_id"]
+    assert served.fire(cron_id) is not None
+    found = served.keys(f"cron*{cron_id}*") + served.keys(f"crons:{served.tenant}")
+    assert len(found) == 4, found  # record, schedule entry, last fired tick, index
+    for key in found:
+        served.redis.expire(key, 10)
+    assert served.fire(cron_id, TICK + timedelta(days=366)) is not None
+    ttls = {k: served.redis.ttl(k) for k in found}
+    assert all(THREAD_TTL <= ttl for ttl in ttls.values()), ttls
