@@ -6,7 +6,10 @@ a thread (``POST /threads/{id}/runs/crons``, each tick a run on that thread), ge
 update (``PATCH``), delete, search and count (``/runs/crons/{id}``, ``/search``,
 ``/count``). A tenant sees, changes and deletes only its own crons (another tenant's
 answer 404, as an id nobody has). Fields this server does not carry out are refused
-with a 422 naming them. When ticks fire: :mod:`orchestrator.server.cronbeat`.
+with a 422 naming them, and so is a schedule ticking more often than
+``TOOLFLEET_CRON_MIN_INTERVAL``; a cron past the tenant's account (bytes or count) is a
+413 (:mod:`orchestrator.server.guards.account`). Enabling a cron the service stopped
+clears why it did. When ticks fire: :mod:`orchestrator.server.cronbeat`.
 """
 
 from __future__ import annotations
