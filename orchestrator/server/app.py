@@ -42,9 +42,9 @@ from orchestrator.server.eventlog import BLOCK_MS, EventLog, EventRelay
 from orchestrator.server.graph import AgentProvider, resolve_model
 from orchestrator.server.graphs import Graphs, GraphSource, ProjectSource
 from orchestrator.server.guard import Guard
+from orchestrator.server.guards.account import TenantAccount
 from orchestrator.server.keys import Keys
 from orchestrator.server.projects import ProjectGraph
-from orchestrator.server.quota import StorageQuota
 from orchestrator.server.routes import (
     assistant_edits,
     assistant_graphs,
@@ -107,8 +107,17 @@ def create_app(
             if svc.runs.webhooks is not None:
                 registry.register(svc.runs.webhooks.deliveries)
             keys = Keys(settings.key_prefix)
-            cron_store = CronStore(svc.redis, keys)
-            beat = CronBeat(settings, keys, svc.redis, cron_store, svc.runs.start_run)
+            assert svc.store.quota is not None  # the service's stores always count
+            cron_store = CronStore(svc.redis, keys, svc.store.quota, settings.cron_min_interval)
+            beat = CronBeat(
+                settings,
+                keys,
+                svc.redis,
+                cron_store,
+                svc.runs.start_run,
+                assistants=svc.assistants,
+                threads=svc.store,
+            )
             app.state.cron_beat = beat
             beat.start()
             log.info(
@@ -191,16 +200,23 @@ async def _services(
         else:
             sources = [ProjectSource(graph, checkpointer, graph_store) for graph in project]
         graphs = Graphs(sources)
-        quota = StorageQuota(strings, keys, settings.tenant_max_bytes, settings.thread_ttl)
+        # Every kind a tenant keeps is counted, and expires, by this one account.
+        account = TenantAccount(
+            strings,
+            keys,
+            settings.tenant_max_bytes,
+            settings.thread_ttl,
+            max_crons=settings.tenant_max_crons,
+        )
         assistants = AssistantStore(
             strings,
             keys,
             graphs,
-            ttl=settings.thread_ttl,
+            ttl=account.retention,
             max_versions=settings.assistant_max_versions,
-            quota=quota,
+            quota=account,
         )
-        store = Store(strings, keys, settings.run_ttl, settings.thread_ttl, quota)
+        store = Store(strings, keys, settings.run_ttl, account.retention, account)
         relay = EventRelay(relay_client, raw, keys, replica)
         webhooks = WebhookSender(strings, keys, settings)
         manager = RunManager(

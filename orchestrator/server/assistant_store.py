@@ -15,7 +15,7 @@ share a version number, and neither is lost.
 As threads do, a tenant's assistants expire: ``TOOLFLEET_THREAD_TTL`` seconds after they
 were last used (read, run or changed). Each keeps its ``TOOLFLEET_ASSISTANT_MAX_VERSIONS``
 most recent versions (a new one past that drops the oldest), and counts with them
-against its tenant's storage quota (:mod:`orchestrator.server.quota`).
+against its tenant's storage quota (:mod:`orchestrator.server.guards.account`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from redis.exceptions import WatchError
 from orchestrator.server.encoding import dumps, loads
 from orchestrator.server.errors import Conflict, NotFound, RequestRefused
 from orchestrator.server.graphs import Graphs, GraphSource
+from orchestrator.server.guards.account import TenantAccount, assistant_field, size_of
 from orchestrator.server.keys import Keys
-from orchestrator.server.quota import StorageQuota, assistant_field, size_of
 from orchestrator.server.records import now_iso
 from orchestrator.server.schemas import AssistantCreate, AssistantPatch
 from orchestrator.server.tenancy import thread_key
@@ -87,7 +87,7 @@ class AssistantStore:
         *,
         ttl: int = DEFAULT_TTL,
         max_versions: int = 20,
-        quota: StorageQuota | None = None,
+        quota: TenantAccount | None = None,
     ) -> None:
         self._r: Any = client
         self._keys = keys

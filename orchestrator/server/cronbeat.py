@@ -11,11 +11,20 @@ LangGraph's server, whose next run is the next tick from now).
 
 The holder turns a tick into a run itself (:meth:`CronBeat.fire`, on the replica's
 event loop): no message crosses a broker, and the run executes on that replica like a
-run a client started there. Before that it claims the tick in Redis (``SET NX`` of the
-cron and the tick's time), so a second scheduler that believed it held the lock (one
-that stalled past the lock's expiry) cannot start the same tick's run twice. RedBeat
-records a tick as done before the run is created: a replica that dies in between loses
-that one tick.
+run a client started there. Before that it checks the cron: one whose record is gone
+(deleted, or expired) has its entry removed; one whose assistant or thread is gone, or
+whose schedule ticks more often than ``TOOLFLEET_CRON_MIN_INTERVAL`` allows (stored
+before the limit), is stopped: disabled, the reason in its metadata
+(``stopped_reason``), its entry removed. Then it claims the tick in Redis (one key per
+cron, the time of its last tick that fired, moved forward only), so a second scheduler
+that believed it held the lock (one that stalled past the lock's expiry) cannot start
+the same tick's run twice. RedBeat records a tick as done before the run is created: a
+replica that dies in between loses that one tick.
+
+A tick refused (the cron stopped, the tick claimed by another scheduler, the run refused:
+the tenant's quota or share of runs) leaves nothing behind (the run's creation is all
+or nothing) and is logged once per cron and reason, on the replica that meets it, until
+one of the cron's ticks starts a run again.
 
 The schedules are croniter's (five fields, or six with seconds last, in a timezone),
 as LangGraph's server reads them; RedBeat stores them as entries of its own kind here.
@@ -36,9 +45,19 @@ from celery.beat import EmbeddedService
 from celery.schedules import BaseSchedule, schedstate
 from redbeat import RedBeatScheduler, RedBeatSchedulerEntry
 
-from orchestrator.server.cronstore import CronStore, cron_key, next_tick, run_request
+from orchestrator.server.assistant_store import AssistantStore
+from orchestrator.server.cronstore import (
+    CronStore,
+    cron_key,
+    next_tick,
+    run_request,
+    shortest_gap,
+)
+from orchestrator.server.errors import NotFound
+from orchestrator.server.guards.account import QuotaExceeded
 from orchestrator.server.keys import Keys
-from orchestrator.server.tenancy import split_thread_key
+from orchestrator.server.store import Store
+from orchestrator.server.tenancy import split_thread_key, thread_key
 from tool_workers.contract.connections import redis_connection_kwargs
 from tool_workers.contract.settings import Settings
 
@@ -49,9 +68,6 @@ BEAT_INTERVAL = 5.0
 
 LOCK_SECONDS = 5 * BEAT_INTERVAL
 """How long RedBeat's lock outlives its holder's last renewal."""
-
-TICK_CLAIM_SECONDS = 86_400
-"""How long a fired tick's claim is kept."""
 
 FIRE_TIMEOUT = 60.0
 """Longest wait of beat's thread for a tick's run to be created."""
@@ -208,9 +224,11 @@ class CronBeat:
     Args:
         settings: Where Redis is.
         keys: Key names of the deployment.
-        client: ``redis.asyncio`` client (string responses): the ticks' claims.
+        client: ``redis.asyncio`` client (string responses).
         crons: The crons' records.
         start_run: Starts a run: ``(tenant, thread id or None, request)``.
+        assistants: Where a tick looks for its cron's assistant (``None``: it does not).
+        threads: Where a tick looks for its cron's thread (``None``: it does not).
     """
 
     def __init__(
@@ -220,14 +238,20 @@ class CronBeat:
         client: aioredis.Redis,
         crons: CronStore,
         start_run: Callable[..., Any],
+        *,
+        assistants: AssistantStore | None = None,
+        threads: Store | None = None,
     ) -> None:
         self.app = beat_app(settings, keys)
         self._r: Any = client
-        self._claims = f"{keys.base}cron-fired:"
         self.crons = crons
         self._start_run = start_run
+        self._assistants = assistants
+        self._threads = threads
         self._loop: asyncio.AbstractEventLoop | None = None
         self._service: Any = None
+        self._said: dict[str, set[str]] = {}
+        """Per cron, the reasons of refused ticks logged since its last run started."""
 
     # -- schedule entries (blocking Redis calls: run them in a thread) ------------------
 
@@ -236,9 +260,12 @@ class CronBeat:
         return CronEntry(key, TASK, schedule, enabled=bool(doc.get("enabled", True)), app=self.app)
 
     async def schedule(self, tenant: str, doc: dict[str, Any]) -> None:
-        """Write (or rewrite) the cron's entry; its next tick is the first from now."""
-        entry = self._entry(cron_key(tenant, doc["cron_id"]), doc)
+        """Write (or rewrite) the cron's entry; its next tick is the first from now. It
+        expires with the cron's record (RedBeat drops an entry it cannot load)."""
+        name = cron_key(tenant, doc["cron_id"])
+        entry = self._entry(name, doc)
         await asyncio.to_thread(entry.save)
+        await self._r.expire(entry.key, self.crons.ttl(doc))
 
     async def unschedule(self, tenant: str, cron_id: str) -> None:
         """Delete the cron's entry."""
@@ -280,20 +307,76 @@ class CronBeat:
         future.result(FIRE_TIMEOUT)
 
     async def fire(self, name: str, tick: datetime) -> str | None:
-        """Start the run of the cron ``name``'s tick at ``tick``, unless that tick was
-        fired already; returns the run id (``None``: nothing started)."""
+        """Start the run of the cron ``name``'s tick at ``tick``, unless the cron is
+        gone or stopped, or that tick was fired already; returns the run id (``None``:
+        nothing started)."""
         tenant, cron_id = split_thread_key(name)
-        claim = f"{self._claims}{name}:{tick.timestamp():.0f}"
-        if not await self._r.set(claim, "1", nx=True, ex=TICK_CLAIM_SECONDS):
-            log.info("cron %s: tick %s fired already", cron_id, tick.isoformat())
-            return None
         doc = await self.crons.get(tenant, cron_id)
-        if doc is None or not doc.get("enabled", True):
+        if doc is None:
+            await self.unschedule(tenant, cron_id)
+            await self.crons.delete(tenant, cron_id)  # its count, index entry and claim
+            self._once(name, "gone", "cron %s: its record is gone; its schedule dropped", cron_id)
+            self._said.pop(name, None)
+            return None
+        if not doc.get("enabled", True):
+            return None
+        reason = await self._stop_reason(tenant, doc)
+        if reason is not None:
+            await self.crons.stop(tenant, doc, reason)
+            await self.unschedule(tenant, cron_id)
+            log.warning("cron %s: stopped (%s), no more ticks", cron_id, reason)
+            self._said.pop(name, None)
+            return None
+        if not await self.crons.claim(tenant, doc, tick):
+            self._once(name, "claimed", "cron %s: tick %s fired already", cron_id, tick.isoformat())
             return None
         try:
             run = await self._start_run(tenant, doc.get("thread_id"), run_request(doc))
         except Exception as exc:
-            log.warning("cron %s: the run of tick %s was not started: %s", cron_id, tick, exc)
+            self._once(
+                name,
+                type(exc).__name__,
+                "cron %s: the run of tick %s was not started: %s (further ticks refused "
+                "for this reason are not logged until one starts a run)",
+                cron_id,
+                tick.isoformat(),
+                exc,
+                level=logging.WARNING,
+            )
             return None
+        self._said.pop(name, None)
+        try:  # a cron that fires is kept, with its entry
+            await self.crons.touch(tenant, doc)
+            await self._r.expire(self._entry(name, doc).key, self.crons.ttl(doc))
+        except QuotaExceeded:  # its usage record was lost: it is kept as it was
+            pass
         log.info("cron %s: tick %s started run %s", cron_id, tick.isoformat(), run.run_id)
         return str(run.run_id)
+
+    async def _stop_reason(self, tenant: str, doc: dict[str, Any]) -> str | None:
+        """Why the cron can never tick again as it is (``None``: it can)."""
+        if self._assistants is not None:
+            try:
+                await self._assistants.resolve(tenant, doc["assistant_id"])
+            except NotFound:
+                return "assistant_not_found"
+        thread_id = doc.get("thread_id")
+        threads = self._threads
+        if thread_id is not None and threads is not None:
+            record = await threads.thread(thread_key(tenant, thread_id))
+            if record is None:
+                return "thread_not_found"
+        gap = shortest_gap(doc["schedule"])
+        if gap is not None and gap < self.crons.min_interval:
+            return "schedule_too_frequent"
+        return None
+
+    def _once(
+        self, name: str, reason: str, message: str, *args: Any, level: int = logging.INFO
+    ) -> None:
+        """Log ``message % args`` unless the cron's ticks were refused for ``reason``
+        since its last run started."""
+        said = self._said.setdefault(name, set())
+        if reason not in said:
+            said.add(reason)
+            log.log(level, message, *args)

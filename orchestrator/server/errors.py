@@ -8,7 +8,7 @@
           +-- Conflict           409     the thread is busy, or the run already finished
           +-- Unsupported        422     a valid request for something not implemented
           +-- QuotaExceeded      413     a write past the tenant's storage quota
-                                         (orchestrator.server.quota)
+                                         (orchestrator.server.guards.account)
           +-- AtCapacity         429     this replica runs its maximum of runs
 """
 

@@ -11,6 +11,9 @@ and thread metadata, the per-run event logs and the cancel channel live there, u
     server:assistant-versions:<key> hash its versions, by number
     server:assistants:<tenant>    zset   the tenant's assistant ids by creation time
     server:usage:<tenant>         hash   the bytes the tenant keeps, per item and in all
+    server:cron:<key>             string a tenant's cron (``<tenant>/<cron id>``)
+    server:crons:<tenant>         zset   the tenant's cron ids by creation time
+    server:cron-fired:<key>       string the time of the cron's last tick that fired
     server:thread-runs:<key>      zset   the thread's run ids by creation time
     server:thread-lock:<key>      string id of the run that holds the thread (TTL, renewed)
     server:thread-queue:<key>     list   runs waiting for the thread (multitask "enqueue")
@@ -73,6 +76,18 @@ class Keys:
     def usage(self, tenant: str) -> str:
         """Hash of the bytes the tenant keeps through the API (its storage quota)."""
         return f"{self.base}usage:{tenant}"
+
+    def cron(self, key: str) -> str:
+        """String of a tenant's cron (``<tenant>/<cron id>``): its document."""
+        return f"{self.base}cron:{key}"
+
+    def crons(self, tenant: str) -> str:
+        """Sorted set of the tenant's cron ids by creation time."""
+        return f"{self.base}crons:{tenant}"
+
+    def cron_fired(self, key: str) -> str:
+        """String of a tenant's cron: the time of its last tick that fired."""
+        return f"{self.base}cron-fired:{key}"
 
     def thread_runs(self, thread_id: str) -> str:
         """Sorted set of a thread's run ids by creation time."""

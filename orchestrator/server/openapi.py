@@ -49,7 +49,7 @@ RUN_START = {**NOT_FOUND, **CONFLICT, **AT_CAPACITY}
 _GUARD = {
     "401": "Missing or invalid API token",
     "413": "Request body over TOOLFLEET_MAX_BODY_BYTES, or a write past the tenant's "
-    "storage quota (TOOLFLEET_TENANT_MAX_BYTES)",
+    "storage quota (TOOLFLEET_TENANT_MAX_BYTES) or cap of crons (TOOLFLEET_TENANT_MAX_CRONS)",
     "414": "URL too long",
     "431": "Headers too large",
     "503": "Redis unavailable or busy past TOOLFLEET_REDIS_POOL_TIMEOUT",

@@ -28,8 +28,14 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from orchestrator.server.encoding import dumps, loads
+from orchestrator.server.guards.account import (
+    TenantAccount,
+    run_field,
+    size_of,
+    state_field,
+    thread_field,
+)
 from orchestrator.server.keys import Keys
-from orchestrator.server.quota import StorageQuota, run_field, size_of, state_field, thread_field
 from orchestrator.server.records import RunRecord, ThreadRecord, now_iso
 from orchestrator.server.tenancy import split_thread_key, thread_key
 from orchestrator.server.threadline import ThreadLine
@@ -69,7 +75,7 @@ class Store(ThreadLine):
         keys: Keys,
         run_ttl: int,
         thread_ttl: int,
-        quota: StorageQuota | None = None,
+        quota: TenantAccount | None = None,
     ) -> None:
         self._r: Any = client  # redis-py's stubs type replies as bytes | str
         self._keys = keys

@@ -18,7 +18,7 @@ from langgraph.types import Command, StateUpdate
 from orchestrator.server.encoding import dumps
 from orchestrator.server.errors import RequestRefused, Unsupported
 from orchestrator.server.graphs import GraphSource
-from orchestrator.server.quota import size_of, state_field
+from orchestrator.server.guards.account import size_of, state_field
 from orchestrator.server.records import ThreadRecord
 from orchestrator.server.runconfig import thread_config
 from orchestrator.server.schemas import Superstep

@@ -20,7 +20,7 @@ Runs are not what the workers are busy with: tool calls are. Per replica, a tena
 have at most ``TOOLFLEET_TENANT_MAX_CALLS`` tool calls in flight, and all tenants' runs
 ``TOOLFLEET_MAX_CALLS``; further calls wait for their turn, tenant by tenant
 (:mod:`orchestrator.fairshare`). Storage is bounded per tenant too
-(:mod:`orchestrator.server.quota`).
+(:mod:`orchestrator.server.guards.account`).
 """
 
 from __future__ import annotations

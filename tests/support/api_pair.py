@@ -53,9 +53,11 @@ def api_pair(
     tmp_path_factory: pytest.TempPathFactory,
     tokens: tuple[str, ...],
     project: Path = PROJECT,
+    **overrides: Any,
 ) -> Iterator[ApiPair]:
     """The body of a module fixture: both servers started on ``project``, then stopped
-    (toolfleet's accepting ``tokens``, each a tenant of its own)."""
+    (toolfleet's accepting ``tokens``, each a tenant of its own; ``overrides``: more
+    settings of toolfleet's)."""
     ours = start_server(
         settings,
         tmp_path_factory.mktemp("parity-toolfleet"),
@@ -63,6 +65,7 @@ def api_pair(
         args=("--config", str(project)),
         model=None,
         api_tokens=tokens,
+        **overrides,
     )
     try:
         theirs = start_langgraph_dev(settings, project, tmp_path_factory.mktemp("parity-lg"))

@@ -14,7 +14,14 @@ import pytest
 from croniter import croniter
 
 from orchestrator.server.cronbeat import CronEntry, CronSchedule, beat_app
-from orchestrator.server.cronstore import next_tick, run_request, to_api
+from orchestrator.server.cronstore import (
+    check_interval,
+    next_tick,
+    run_request,
+    shortest_gap,
+    to_api,
+)
+from orchestrator.server.errors import Unsupported
 from orchestrator.server.keys import Keys
 from orchestrator.server.routes.crons import SCHEDULE_PATTERN
 from orchestrator.server.webhooks import Allowlist, Target, signature
@@ -139,3 +146,34 @@ def test_a_placeholder_webhook_secret_is_refused_at_start() -> None:
     refuse_placeholders(Settings(webhook_secret="a-secret-of-its-own-0123"))
     with pytest.raises(ConfigError, match="TOOLFLEET_WEBHOOK_SECRET"):
         refuse_placeholders(Settings(webhook_secret="change-me-to-a-long-random-hex-string"))
+
+
+@pytest.mark.parametrize(
+    ("schedule", "gap"),
+    [
+        ("* * * * *", 60),
+        ("*/1 * * * *", 60),
+        ("* * * * * *", 1),  # six fields, seconds last
+        ("* * * * * */30", 30),
+        ("* * * * * 0,59", 1),  # irregular: 59 s, then 1 s
+        ("0,1 * * * *", 60),  # irregular: 1 min, then 59
+        ("59 23 * * *", None),  # once a day: no gap under a day
+        ("0,59 0,23 1,31 * *", 60),  # the 31st at 23:59, then the 1st at 00:00
+        ("0,59 0,23 1,15 * *", 3540),  # no two consecutive days
+        ("59 0,23 28,29 2 *", 3600),  # the 28th and 29th of February, in leap years
+        ("0 0 31 2 *", None),  # never
+    ],
+)
+def test_a_schedules_shortest_gap_is_found_on_its_clock(schedule: str, gap: int | None) -> None:
+    """Given a schedule, then its shortest gap between two ticks (under a day) is
+    found: within its days, and across midnight only when two days in a row match."""
+    assert shortest_gap(schedule) == gap
+
+
+def test_a_schedule_under_the_minimum_interval_is_refused_naming_it() -> None:
+    check_interval("* * * * *", 60)
+    with pytest.raises(Unsupported, match=r"TOOLFLEET_CRON_MIN_INTERVAL") as refused:
+        check_interval("* * * * * */10", 60)
+    assert "'* * * * * */10'" in str(refused.value) and "10 s apart" in str(refused.value)
+    with pytest.raises(Unsupported, match=r"every 120 s"):
+        check_interval("0,1 * * * *", 120)

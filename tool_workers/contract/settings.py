@@ -315,9 +315,15 @@ class Settings(BaseSettings):
     tenant_max_bytes: int = Field(default=33_554_432, gt=0)
     """Bytes one tenant may keep through the API: thread records (metadata, config),
     state values written with ``threads.update_state``, run requests, store items,
-    assistants and their versions; a write past it is refused with 413."""
+    assistants and their versions, crons; a write past it is refused with 413."""
     assistant_max_versions: int = Field(default=20, gt=0)
     """Versions kept per assistant: a new version past it drops the oldest."""
+    tenant_max_crons: int = Field(default=100, gt=0)
+    """Crons one tenant may keep; one more is refused with 413 (crons also count
+    towards ``tenant_max_bytes``)."""
+    cron_min_interval: int = Field(default=60, gt=0)
+    """Fewest seconds between two ticks of a cron: a schedule whose ticks ever come
+    closer (``* * * * * */10``, every ten seconds) is refused with 422."""
     # -- the HTTP service under abuse (toolfleet serve) ------------------------------------
     http_header_timeout: float = Field(default=10.0, gt=0)
     """Seconds a client of the HTTP service has to send a request's head (request line and

@@ -6,7 +6,10 @@ a thread (``POST /threads/{id}/runs/crons``, each tick a run on that thread), ge
 update (``PATCH``), delete, search and count (``/runs/crons/{id}``, ``/search``,
 ``/count``). A tenant sees, changes and deletes only its own crons (another tenant's
 answer 404, as an id nobody has). Fields this server does not carry out are refused
-with a 422 naming them. When ticks fire: :mod:`orchestrator.server.cronbeat`.
+with a 422 naming them, and so is a schedule ticking more often than
+``TOOLFLEET_CRON_MIN_INTERVAL``; a cron past the tenant's account (bytes or count) is a
+413 (:mod:`orchestrator.server.guards.account`). Enabling a cron the service stopped
+clears why it did. When ticks fire: :mod:`orchestrator.server.cronbeat`.
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ from pydantic import (
 )
 
 from orchestrator.server.cronbeat import CronBeat
-from orchestrator.server.cronstore import RUN_FIELDS, run_request, to_api
+from orchestrator.server.cronstore import (
+    RUN_FIELDS,
+    STOPPED_AT,
+    STOPPED_REASON,
+    run_request,
+    to_api,
+)
 from orchestrator.server.errors import NotFound, Unsupported
 from orchestrator.server.openapi import NOT_FOUND
 from orchestrator.server.routes.threads import existing_thread
@@ -241,6 +250,8 @@ def cron_beat(request: Request) -> CronBeat:
 
 Beat = Annotated[CronBeat, Depends(cron_beat)]
 
+STOP_FIELDS = (STOPPED_REASON, STOPPED_AT)
+
 
 @router.post("/runs/crons", response_model=Cron, responses=NOT_FOUND)
 async def create_cron(svc: Svc, tenant: Tenant, beat: Beat, body: CronCreate) -> Response:
@@ -277,6 +288,10 @@ async def update_cron(
     for name in ("schedule", "timezone", "on_run_completed", "enabled"):
         if given.get(name) is not None:
             doc[name] = given[name]
+    if given.get("enabled"):  # enabled again: why it was stopped no longer holds
+        doc["metadata"] = {
+            k: v for k, v in (doc.get("metadata") or {}).items() if k not in STOP_FIELDS
+        }
     if "end_time" in given:  # null clears it
         doc["end_time"] = given["end_time"]
     if given.get("metadata") is not None:

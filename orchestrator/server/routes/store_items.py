@@ -20,7 +20,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from orchestrator.server.encoding import dumps
 from orchestrator.server.errors import Unsupported
-from orchestrator.server.quota import item_field, size_of
+from orchestrator.server.guards.account import item_field, size_of
 from orchestrator.server.schemas import ID_MAX_CHARS, JsonObject, RequestBody
 from orchestrator.server.services import Svc, Tenant, json_response
 

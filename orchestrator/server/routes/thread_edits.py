@@ -17,8 +17,8 @@ from fastapi import APIRouter, Response
 from orchestrator.server.checkpoints import copy_checkpoints
 from orchestrator.server.encoding import dumps
 from orchestrator.server.errors import Conflict, RequestRefused
+from orchestrator.server.guards.account import QuotaExceeded, size_of, state_field
 from orchestrator.server.openapi import CONFLICT, NOT_FOUND, ErrorBody
-from orchestrator.server.quota import QuotaExceeded, size_of, state_field
 from orchestrator.server.responses import Thread, ThreadUpdated
 from orchestrator.server.routes.threads import COUNT_PAGE, existing_thread, thread_values
 from orchestrator.server.runconfig import thread_config
