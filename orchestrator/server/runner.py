@@ -42,7 +42,7 @@ from orchestrator.server.runstream import RunStream
 from orchestrator.server.schemas import RunCreate
 from orchestrator.server.store import Store
 from orchestrator.server.tenancy import TenantQuota
-from orchestrator.server.webhooks import WebhookSender, final_values, payload
+from orchestrator.server.webhooks import WebhookSender, cancelled_error, final_values, payload
 
 log = logging.getLogger("toolfleet.server")
 
@@ -349,13 +349,15 @@ class RunManager(RunLookup):
                 await self.store.release(run.thread_key, run.run_id)
             else:
                 await self.store.leave_queue(run.thread_key, run.run_id)
+            if status == "interrupted" and error is None:  # as LangGraph's server says it
+                error = cancelled_error(rolled_back)
             hook = await self._webhook(run, body, status, error)  # before a thread goes
             if temporary and body.on_completion != "keep":
                 await self.store.delete_thread(run.thread_key, keep_runs=True)
                 await self._checkpointer.adelete_thread(run.thread_key)
             await self.events.end(run.run_id, status)  # last: waiters then see it all done
             if hook is not None and self.webhooks is not None and body.webhook:
-                self.webhooks.send(body.webhook, hook)
+                self.webhooks.send(body.webhook, hook, tenant=run.tenant)
         except Exception:
             log.exception("could not record the end of run %s", run.run_id)
         finally:

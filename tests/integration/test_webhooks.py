@@ -39,7 +39,7 @@ def pair(prefork_fleet: Settings, tmp_path_factory: pytest.TempPathFactory) -> I
         "webhooks",
         args=("--config", str(PROJECT)),
         model=None,
-        webhook_allowed_hosts=("127.0.0.1",),
+        webhook_allowed_hosts=("127.0.0.1:*",),
         webhook_secret=SECRET,
         webhook_attempts=3,
     )

@@ -1,0 +1,7 @@
+"""Guards every surface of ``toolfleet serve`` goes through, one module each.
+
+::
+
+    outbound.py   the one HTTP client for addresses users name (webhooks): the address
+                  check, a deadline per try, a capped answer, a per-tenant pool share
+"""
