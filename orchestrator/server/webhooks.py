@@ -171,12 +171,13 @@ def payload(
     return body
 
 
-def cancelled_error(rolled_back: bool = False) -> dict[str, str]:
+def cancelled_error(rolled_back: bool = False, reason: str | None = None) -> dict[str, str]:
     """The ``error`` of a cancelled run's webhook, as LangGraph's server sends it: its
-    cancellation, ``UserInterrupt`` (or ``UserRollback``), with the exception's text."""
+    cancellation, ``UserInterrupt`` (or ``UserRollback``), with the cancel request's
+    reason as the message (or the exception's own text)."""
     if rolled_back:
-        return {"error": "UserRollback", "message": "User requested rollback of the run"}
-    return {"error": "UserInterrupt", "message": "User interrupted the run"}
+        return {"error": "UserRollback", "message": reason or "User requested rollback of the run"}
+    return {"error": "UserInterrupt", "message": reason or "User interrupted the run"}
 
 
 def _retriable(exc: BaseException) -> bool:

@@ -119,6 +119,38 @@ def test_a_finished_run_is_posted_to_its_webhook_once(pair: ApiPair, receiver: R
     assert ours["headers"]["x-toolfleet-delivery"] == ours["stateful"][0]["run_id"]
 
 
+SLOW = {
+    "messages": [
+        {"role": "user", "content": json.dumps({"calls": [["sleep_for", {"seconds": 20}]]})}
+    ]
+}
+
+
+def test_a_cancelled_runs_webhook_says_it_was_interrupted(
+    pair: ApiPair, receiver: Receiver
+) -> None:
+    """Given a run in its tool call that names a webhook, when it is cancelled, then
+    on both servers the webhook says ``interrupted`` and carries the cancellation as
+    its error, the same on both."""
+
+    async def scenario(c: Any) -> dict[str, Any]:
+        thread = await c.threads.create()
+        tid = thread["thread_id"]
+        path = f"/c-{uuid.uuid4().hex[:8]}"
+        run = await c.runs.create(tid, "fleet", input=SLOW, webhook=receiver.url(path))
+        while (await c.runs.get(tid, run["run_id"]))["status"] == "pending":
+            await asyncio.sleep(0.1)
+        await c.runs.cancel(tid, run["run_id"], wait=True)
+        got = await asyncio.to_thread(receiver.wait_for, 1, 30.0, path)
+        return got[0].json() if got else {}
+
+    ours, theirs = pair.both(scenario)
+
+    assert ours["status"] == theirs["status"] == "interrupted", (ours, theirs)
+    assert ours["error"] == theirs["error"], (ours, theirs)
+    assert ours["error"]["error"] == "UserInterrupt", ours
+
+
 def test_a_failing_receiver_is_retried_with_backoff(pair: ApiPair, receiver: Receiver) -> None:
     """Given a receiver that answers 503 twice, when a run names it, then toolfleet
     tries a third time after waiting longer each time, and the run itself succeeded
