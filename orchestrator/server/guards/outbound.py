@@ -26,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -368,38 +369,20 @@ class Outbound:
         finally:
             await response.aclose()
 
-    def _share(self, tenant: str) -> _Share:
-        if tenant not in self._slots:
-            self._slots[tenant] = asyncio.Semaphore(self.tenant_slots)
-        return _Share(self, tenant)
+    @asynccontextmanager
+    async def _share(self, tenant: str) -> AsyncIterator[None]:
+        """Holds one of ``tenant``'s slots; the tenant's semaphore goes when no try of
+        it holds or waits for one (a tenant seen once costs nothing after)."""
+        slots = self._slots.setdefault(tenant, asyncio.Semaphore(self.tenant_slots))
+        self._users[tenant] = self._users.get(tenant, 0) + 1
+        try:
+            async with slots:
+                yield
+        finally:
+            self._users[tenant] -= 1
+            if not self._users[tenant]:
+                del self._users[tenant], self._slots[tenant]
 
     async def aclose(self) -> None:
         """Close the pool's connections."""
         await self._http.aclose()
-
-
-class _Share:
-    """Holds one of a tenant's slots; the tenant's semaphore goes when no try uses it."""
-
-    def __init__(self, outbound: Outbound, tenant: str) -> None:
-        self._o = outbound
-        self._tenant = tenant
-
-    async def __aenter__(self) -> None:
-        o, tenant = self._o, self._tenant
-        o._users[tenant] = o._users.get(tenant, 0) + 1
-        try:
-            await o._slots[tenant].acquire()
-        except BaseException:
-            self._leave()
-            raise
-
-    async def __aexit__(self, *_: object) -> None:
-        self._o._slots[self._tenant].release()
-        self._leave()
-
-    def _leave(self) -> None:
-        o, tenant = self._o, self._tenant
-        o._users[tenant] -= 1
-        if not o._users[tenant]:
-            del o._users[tenant], o._slots[tenant]
