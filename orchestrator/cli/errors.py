@@ -14,8 +14,8 @@ import redis
 import typer
 from kombu.exceptions import OperationalError
 
-from tool_workers.contract.connections import mask_secrets
 from tool_workers.contract.errors import ToolfleetError
+from tool_workers.contract.masking import mask_text
 
 _BROKER_ERRORS = (redis.RedisError, OperationalError, ConnectionError)
 
@@ -26,7 +26,7 @@ SETUP_ERROR = 2
 def fail(message: str) -> typer.Exit:
     """Print ``error: message`` (secrets masked) on stderr; the exit to raise."""
     # One line, whatever the message held (a library's error can run to paragraphs).
-    typer.echo(f"error: {' '.join(mask_secrets(message).split())}", err=True)
+    typer.echo(f"error: {' '.join(mask_text(message).split())}", err=True)
     return typer.Exit(SETUP_ERROR)
 
 

@@ -66,8 +66,9 @@ from orchestrator.server.store import Store
 from orchestrator.server.streamquota import StreamQuota
 from orchestrator.server.tenancy import call_gate, tenant_key, tenant_quota
 from orchestrator.server.webhooks import WebhookSender
-from tool_workers.contract.connections import mask_secrets, redis_connection_kwargs
+from tool_workers.contract.connections import redis_connection_kwargs
 from tool_workers.contract.errors import ConfigError
+from tool_workers.contract.masking import mask_text, masked_settings
 from tool_workers.contract.placeholders import refuse_placeholders
 from tool_workers.contract.settings import Settings
 from tool_workers.contract.store import store_for
@@ -123,12 +124,13 @@ def create_app(
             log.info(
                 "toolfleet service up: replica %s, redis %s, checkpointer %s, %s",
                 replica,
-                mask_secrets(settings.own_redis_url),
+                mask_text(settings.own_redis_url),
                 "postgres" if settings.database_url else f"sqlite {settings.checkpoint_path}",
                 f"{len(settings.api_tokens)} API token(s) in {auth.tenants} tenant(s)"
                 if auth.enabled
                 else "NO AUTH",
             )
+            log.info("toolfleet settings", extra={"toolfleet": masked_settings(settings)})
             try:
                 yield
             finally:

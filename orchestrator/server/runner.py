@@ -42,11 +42,14 @@ from orchestrator.server.runstream import RunStream
 from orchestrator.server.schemas import RunCreate
 from orchestrator.server.store import Store
 from orchestrator.server.tenancy import TenantQuota
-from orchestrator.server.webhooks import WebhookSender, final_values, payload
+from orchestrator.server.webhooks import WebhookSender, cancelled_error, final_values, payload
 
 log = logging.getLogger("toolfleet.server")
 
 ADMIT_POLL = 0.1
+
+DISCONNECTED = "client disconnected from the run stream (on_disconnect=cancel)"
+"""Why a run whose client left is cancelled (LangGraph's server's words)."""
 """Seconds between attempts of a queued run to take its thread."""
 
 
@@ -334,9 +337,8 @@ class RunManager(RunLookup):
         try:
             if error is not None:
                 await self.events.append(run.run_id, "error", dumps(error))
-            rolled_back = status == "interrupted" and (
-                await self.store.cancel_action(run.run_id) == "rollback"
-            )
+            action = await self.store.cancel_action(run.run_id)
+            rolled_back = status == "interrupted" and action == "rollback"
             if rolled_back:  # as if it never ran: its checkpoints and its record go
                 await delete_run_checkpoints(self._checkpointer, run.thread_key, run.run_id)
                 await self.store.delete_run(run)
@@ -349,13 +351,16 @@ class RunManager(RunLookup):
                 await self.store.release(run.thread_key, run.run_id)
             else:
                 await self.store.leave_queue(run.thread_key, run.run_id)
+            if status == "interrupted" and error is None:  # as LangGraph's server says it
+                reason = await self.store.cancel_reason(run.run_id) if action else None
+                error = cancelled_error(rolled_back, reason)
             hook = await self._webhook(run, body, status, error)  # before a thread goes
             if temporary and body.on_completion != "keep":
                 await self.store.delete_thread(run.thread_key, keep_runs=True)
                 await self._checkpointer.adelete_thread(run.thread_key)
             await self.events.end(run.run_id, status)  # last: waiters then see it all done
             if hook is not None and self.webhooks is not None and body.webhook:
-                self.webhooks.send(body.webhook, hook)
+                self.webhooks.send(body.webhook, hook, tenant=run.tenant)
         except Exception:
             log.exception("could not record the end of run %s", run.run_id)
         finally:
@@ -410,16 +415,19 @@ class RunManager(RunLookup):
 
     # -- cancelling, joining -------------------------------------------------------------
 
-    async def cancel(self, run: RunRecord, action: str = "interrupt") -> None:
+    async def cancel(
+        self, run: RunRecord, action: str = "interrupt", reason: str | None = None
+    ) -> None:
         """Cancel the run wherever it executes; with ``action="rollback"`` its record and
-        the checkpoints it wrote are deleted once it has stopped.
+        the checkpoints it wrote are deleted once it has stopped. ``reason`` is the
+        message of the cancellation its webhook carries.
 
         Raises:
             Conflict: the run has already finished.
         """
         if run.done:
             raise Conflict(f"run {run.run_id} already finished: {run.status}")
-        await self.store.request_cancel(run.run_id, action)
+        await self.store.request_cancel(run.run_id, action, reason)
         if not self._cancel_local(run.run_id):
             await self.control.request_cancel(run.run_id)
 
@@ -435,7 +443,7 @@ class RunManager(RunLookup):
 
     async def _cancel_quietly(self, run: RunRecord) -> None:
         with contextlib.suppress(Conflict):
-            await self.cancel(await self.refresh(run))
+            await self.cancel(await self.refresh(run), reason=DISCONNECTED)
 
     def _cancel_local(self, run_id: str) -> bool:
         task = self._tasks.get(run_id)

@@ -368,10 +368,18 @@ class Store(ThreadLine):
             pipe.expire(self._keys.run(run_id), self._run_ttl)
             await pipe.execute()
 
-    async def request_cancel(self, run_id: str, action: str = "interrupt") -> None:
+    async def request_cancel(
+        self, run_id: str, action: str = "interrupt", reason: str | None = None
+    ) -> None:
         """Flag the run as to be cancelled (its owner checks the flag as it renews), with
-        what to do then: ``interrupt`` or ``rollback``."""
-        await self._r.hset(self._keys.run(run_id), "cancel", action)
+        what to do then: ``interrupt`` or ``rollback``, and why (its webhook says it)."""
+        fields = {"cancel": action, **({"cancel_reason": reason} if reason else {})}
+        await self._r.hset(self._keys.run(run_id), mapping=fields)
+
+    async def cancel_reason(self, run_id: str) -> str | None:
+        """Why the run was cancelled, as its cancel request said (``None``: not said)."""
+        reason: str | None = await self._r.hget(self._keys.run(run_id), "cancel_reason")
+        return reason
 
     async def cancel_requested(self, run_id: str) -> bool:
         """Whether someone asked to cancel the run."""

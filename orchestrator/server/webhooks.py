@@ -7,23 +7,26 @@ final ``values`` and, for a failed run, its ``error``.
 
 What toolfleet adds:
 
-- **Where a webhook may go.** The URL is checked when the run is created (a 422 naming
-  ``webhook``) and again before each delivery: its host is resolved and *every* address
-  must be a public one; a loopback, private, link-local or otherwise reserved address is
-  refused unless ``TOOLFLEET_WEBHOOK_ALLOWED_HOSTS`` lists the host name, the address, or
-  a network holding it. The POST goes to the address that was checked (the host name
-  stays in ``Host`` and in TLS), so a name that resolves elsewhere the second time
-  cannot lead it to an internal address. Redirects are not followed.
+- **Where a webhook may go, and what a receiver may cost.** Every try goes through the
+  one outbound client (:mod:`orchestrator.server.guards.outbound`): the URL is checked
+  when the run is created (a 422 naming ``webhook``) and again on each try (every
+  address of the host public, or its host or address listed in
+  ``TOOLFLEET_WEBHOOK_ALLOWED_HOSTS`` for that port), the POST goes to the address that
+  was checked, ``TOOLFLEET_WEBHOOK_TIMEOUT`` is the deadline of the whole try, the answer
+  is read up to a few KiB, and a tenant's tries hold at most its share of the pool.
 - **Signed.** With ``TOOLFLEET_WEBHOOK_SECRET`` set, ``X-Toolfleet-Signature`` is
   ``sha256=`` and the hex HMAC-SHA256 of the body under that secret
   (:func:`signature`); ``X-Toolfleet-Delivery`` is the run id, the same on each attempt.
 - **Retried, never in the run's way.** Delivery starts once the run has ended (its
   status and event log are written first) in a task of its own: a connection error, a
-  timeout (``TOOLFLEET_WEBHOOK_TIMEOUT`` a try), a 429 or a 5xx is retried with
+  try that missed its deadline, a 429 or a 5xx is retried with
   exponential backoff and jitter, up to ``TOOLFLEET_WEBHOOK_ATTEMPTS`` tries. A delivery
   that still fails is logged and counted (``toolfleet_server_webhook_deliveries_total
   {outcome="failed"}`` on ``/metrics``), never retried later and never reflected on the
   run.
+- **A cancelled run says so.** As LangGraph's server, the webhook of a cancelled run
+  carries ``error: {"error": "UserInterrupt", "message": "User interrupted the run"}``
+  (``UserRollback`` and "User requested rollback of the run" for a rollback).
 - **Once per run.** The replica that executes a run finishes it, and it claims the
   run's delivery in Redis (``SET NX``) before the first try, so no second path (a second
   finishing, a restart) delivers it again. A receiver that answers after the try's
@@ -35,11 +38,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import ipaddress
 import logging
-import socket
-from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -55,10 +54,19 @@ from tenacity import (
 )
 
 from orchestrator.server.encoding import dumps
-from orchestrator.server.errors import Unsupported
+from orchestrator.server.guards.outbound import (
+    URL_MAX_CHARS,
+    AddressRefused,
+    Allowlist,
+    Answer,
+    Outbound,
+    Target,
+    check_url,
+)
 from orchestrator.server.keys import Keys
 from orchestrator.server.records import RunRecord, now_iso
 from orchestrator.server.runconfig import thread_config
+from tool_workers.contract.errors import ConfigError
 from tool_workers.contract.settings import Settings
 
 if TYPE_CHECKING:
@@ -69,22 +77,36 @@ log = logging.getLogger("toolfleet.server")
 SIGNATURE_HEADER = "X-Toolfleet-Signature"
 DELIVERY_HEADER = "X-Toolfleet-Delivery"
 
-URL_MAX_CHARS = 4096
-"""Longest webhook URL accepted (LangGraph's server's default bound)."""
-
-RESOLVE_SECONDS = 5.0
-"""Longest wait for a webhook host's addresses."""
-
 BACKOFF_MAX = 30.0
 """Longest wait between two tries of a delivery, in seconds."""
 
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+WebhookRefused = AddressRefused
+"""Raised when a run's webhook URL may not be called; a 422 naming the field."""
+
+__all__ = [
+    "DELIVERY_HEADER",
+    "SIGNATURE_HEADER",
+    "URL_MAX_CHARS",
+    "Allowlist",
+    "ReceiverError",
+    "Target",
+    "WebhookPolicy",
+    "WebhookRefused",
+    "WebhookSender",
+    "cancelled_error",
+    "final_values",
+    "payload",
+    "signature",
+]
 
 
-class WebhookRefused(Unsupported):
-    """Raised when a run's webhook URL may not be called (its host, or an address of
-    it, is not allowed); a 422 naming the field."""
+class ReceiverError(Exception):
+    """Raised when a receiver answered a try with a redirect or an error status."""
+
+    def __init__(self, answer: Answer) -> None:
+        what = "redirects are not followed" if answer.is_redirect else "not a success"
+        super().__init__(f"webhook answered {answer.status_code}: {what}")
+        self.status_code = answer.status_code
 
 
 def signature(secret: str | bytes, body: bytes) -> str:
@@ -93,72 +115,6 @@ def signature(secret: str | bytes, body: bytes) -> str:
     two with ``hmac.compare_digest``."""
     key = secret.encode() if isinstance(secret, str) else secret
     return "sha256=" + hmac.new(key, body, hashlib.sha256).hexdigest()
-
-
-@dataclass(frozen=True)
-class Allowlist:
-    """Hosts a webhook may name although they resolve to non-public addresses.
-
-    Args:
-        names: Host names, lower-cased.
-        networks: Addresses and networks (an address is a network of one).
-    """
-
-    names: frozenset[str] = frozenset()
-    networks: tuple[Network, ...] = ()
-
-    @classmethod
-    def parse(cls, entries: Iterable[str]) -> Allowlist:
-        """From ``TOOLFLEET_WEBHOOK_ALLOWED_HOSTS``'s entries: a host name, an IP
-        address, or a network in CIDR form (``10.0.0.0/8``)."""
-        names: set[str] = set()
-        networks: list[Network] = []
-        for entry in entries:
-            text = entry.strip().strip("[]").lower()
-            if not text:
-                continue
-            try:
-                networks.append(ipaddress.ip_network(text, strict=False))
-            except ValueError:
-                names.add(text.rstrip("."))
-        return cls(frozenset(names), tuple(networks))
-
-    def allows(self, host: str, address: Address) -> bool:
-        """Whether ``address`` (an address of ``host``) may be called."""
-        if host.lower().rstrip(".") in self.names:
-            return True
-        if address.is_global and not address.is_multicast:
-            return True
-        return any(address in network for network in self.networks)
-
-
-def _address(text: str) -> Address:
-    address = ipaddress.ip_address(text.split("%", 1)[0])  # drop an IPv6 zone
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped  # judged as the IPv4 address it reaches
-    return address
-
-
-@dataclass(frozen=True)
-class Target:
-    """A checked webhook URL and the address it is called at."""
-
-    url: str
-    host: str
-    address: Address
-
-    def pinned(self) -> tuple[str, dict[str, str], dict[str, Any]]:
-        """The URL with its host replaced by the checked address, the ``Host`` header,
-        and the request extensions that keep TLS checking the host name."""
-        parts = urlsplit(self.url)
-        shown = f"[{self.address}]" if self.address.version == 6 else str(self.address)
-        netloc = shown if parts.port is None else f"{shown}:{parts.port}"
-        url = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
-        host_header = parts.netloc.rpartition("@")[2]
-        extensions: dict[str, Any] = {}
-        if parts.scheme == "https":
-            extensions["sni_hostname"] = self.host
-        return url, {"Host": host_header}, extensions
 
 
 class WebhookPolicy:
@@ -175,37 +131,9 @@ class WebhookPolicy:
         """Resolve ``url``'s host and check each of its addresses.
 
         Raises:
-            WebhookRefused: not an http(s) URL with a host, the host does not resolve,
-                or one of its addresses is not public and not allowed.
+            WebhookRefused: see :func:`orchestrator.server.guards.outbound.check_url`.
         """
-        try:
-            parts = urlsplit(url)
-            port = parts.port
-        except ValueError as exc:
-            raise WebhookRefused(f"webhook: not a URL ({exc})") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise WebhookRefused("webhook: an http:// or https:// URL with a host is needed")
-        if len(url) > URL_MAX_CHARS:
-            raise WebhookRefused(f"webhook: longer than {URL_MAX_CHARS} characters")
-        host = parts.hostname
-        port = port or (443 if parts.scheme == "https" else 80)
-        try:
-            infos = await asyncio.wait_for(
-                asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM),
-                RESOLVE_SECONDS,
-            )
-        except (OSError, UnicodeError, TimeoutError) as exc:
-            raise WebhookRefused(f"webhook: host {host!r} does not resolve ({exc})") from None
-        addresses = [_address(str(info[4][0])) for info in infos]
-        if not addresses:
-            raise WebhookRefused(f"webhook: host {host!r} has no address")
-        for address in addresses:
-            if not self.allowed.allows(host, address):
-                raise WebhookRefused(
-                    f"webhook: host {host!r} resolves to {address}, which is not a public "
-                    "address; list the host in TOOLFLEET_WEBHOOK_ALLOWED_HOSTS to allow it"
-                )
-        return Target(url, host, addresses[0])
+        return await check_url(url, self.allowed, "webhook")
 
 
 async def final_values(graphs: Graphs, run: RunRecord) -> Any:
@@ -243,11 +171,20 @@ def payload(
     return body
 
 
+def cancelled_error(rolled_back: bool = False, reason: str | None = None) -> dict[str, str]:
+    """The ``error`` of a cancelled run's webhook, as LangGraph's server sends it: its
+    cancellation, ``UserInterrupt`` (or ``UserRollback``), with the cancel request's
+    reason as the message (or the exception's own text)."""
+    if rolled_back:
+        return {"error": "UserRollback", "message": reason or "User requested rollback of the run"}
+    return {"error": "UserInterrupt", "message": reason or "User interrupted the run"}
+
+
 def _retriable(exc: BaseException) -> bool:
     if isinstance(exc, httpx.TransportError):  # timeouts and connection errors
         return True
-    if isinstance(exc, httpx.HTTPStatusError):
-        return exc.response.status_code >= 500 or exc.response.status_code == 429
+    if isinstance(exc, ReceiverError):
+        return exc.status_code >= 500 or exc.status_code == 429
     return False
 
 
@@ -260,6 +197,9 @@ class WebhookSender:
         settings: ``webhook_*`` settings (allowed hosts, secret, timeout, tries) and the
             run record's expiry (the claims expire with it).
         transport: An httpx transport (tests); default: httpx's own.
+
+    Raises:
+        ConfigError: an entry of ``TOOLFLEET_WEBHOOK_ALLOWED_HOSTS`` is malformed.
     """
 
     def __init__(
@@ -272,15 +212,17 @@ class WebhookSender:
         self._r: Any = client
         self._prefix = f"{keys.base}webhook-sent:"
         self._claim_ttl = settings.run_ttl
-        self.policy = WebhookPolicy(Allowlist.parse(settings.webhook_allowed_hosts))
+        try:
+            allowed = Allowlist.parse(settings.webhook_allowed_hosts)
+        except ValueError as exc:
+            raise ConfigError(f"TOOLFLEET_WEBHOOK_ALLOWED_HOSTS: {exc}") from None
+        self.policy = WebhookPolicy(allowed)
         self._secret = settings.webhook_secret
         self.timeout = settings.webhook_timeout
         self.attempts = settings.webhook_attempts
         self.backoff = 1.0
         """Seconds of the first wait between tries (doubled each time, with jitter)."""
-        self._http = httpx.AsyncClient(
-            timeout=self.timeout, follow_redirects=False, trust_env=False, transport=transport
-        )
+        self.outbound = Outbound(allowed, "webhook", transport)
         self._tasks: set[asyncio.Task[None]] = set()
         self.deliveries = Counter(
             "toolfleet_server_webhook_deliveries",
@@ -297,10 +239,11 @@ class WebhookSender:
         """
         await self.policy.check(url)
 
-    def send(self, url: str, body: dict[str, Any]) -> None:
-        """Deliver ``body`` (a run's :func:`payload`) to ``url`` in a task of its own."""
+    def send(self, url: str, body: dict[str, Any], tenant: str = "") -> None:
+        """Deliver ``body`` (a run's :func:`payload`) to ``url`` in a task of its own,
+        on ``tenant``'s share of the outbound pool."""
         task = asyncio.get_running_loop().create_task(
-            self._deliver(url, body), name=f"toolfleet-webhook-{body.get('run_id')}"
+            self._deliver(url, body, tenant), name=f"toolfleet-webhook-{body.get('run_id')}"
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -312,24 +255,24 @@ class WebhookSender:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        await self._http.aclose()
+        await self.outbound.aclose()
 
     async def _claim(self, run_id: str) -> bool:
         key = f"{self._prefix}{run_id}"
         return bool(await self._r.set(key, now_iso(), nx=True, ex=self._claim_ttl))
 
-    async def _deliver(self, url: str, body: dict[str, Any]) -> None:
+    async def _deliver(self, url: str, body: dict[str, Any], tenant: str) -> None:
         run_id = str(body.get("run_id"))
         try:
             if not await self._claim(run_id):
                 log.info("webhook of run %s already delivered or under way", run_id)
                 return
-            await self._post(url, body, run_id)
+            await self._post(url, body, run_id, tenant)
         except asyncio.CancelledError:
             self.deliveries.labels("failed").inc()
             log.warning("webhook of run %s to %s stopped at shutdown", run_id, _shown(url))
             raise
-        except (httpx.HTTPError, WebhookRefused, RedisError, OSError) as exc:
+        except (httpx.HTTPError, ReceiverError, WebhookRefused, RedisError, OSError) as exc:
             self.deliveries.labels("failed").inc()
             log.warning(
                 "webhook of run %s to %s failed after its tries: %s", run_id, _shown(url), exc
@@ -338,7 +281,7 @@ class WebhookSender:
             self.deliveries.labels("delivered").inc()
             log.info("webhook of run %s delivered to %s", run_id, _shown(url))
 
-    async def _post(self, url: str, body: dict[str, Any], run_id: str) -> None:
+    async def _post(self, url: str, body: dict[str, Any], run_id: str, tenant: str) -> None:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.attempts),
             wait=wait_exponential_jitter(initial=self.backoff, max=BACKOFF_MAX),
@@ -347,24 +290,16 @@ class WebhookSender:
         )
         async for attempt in retrying:
             with attempt:
-                # Checked again on each try: the host may resolve elsewhere by now.
-                target = await self.policy.check(url)
-                address, headers, extensions = target.pinned()
                 content = dumps({**body, "webhook_sent_at": now_iso()})
-                headers["Content-Type"] = "application/json"
-                headers[DELIVERY_HEADER] = run_id
+                headers = {"Content-Type": "application/json", DELIVERY_HEADER: run_id}
                 if self._secret:
                     headers[SIGNATURE_HEADER] = signature(self._secret, content)
-                response = await self._http.post(
-                    address, content=content, headers=headers, extensions=extensions
+                # Checked again on each try (inside it): the host may resolve elsewhere.
+                answer = await self.outbound.post(
+                    url, tenant=tenant, deadline=self.timeout, content=content, headers=headers
                 )
-                if response.is_redirect:
-                    raise httpx.HTTPStatusError(
-                        f"webhook answered {response.status_code}: redirects are not followed",
-                        request=response.request,
-                        response=response,
-                    )
-                response.raise_for_status()
+                if answer.is_redirect or answer.status_code >= 400:
+                    raise ReceiverError(answer)
 
 
 def _shown(url: str) -> str:

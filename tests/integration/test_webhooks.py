@@ -39,7 +39,7 @@ def pair(prefork_fleet: Settings, tmp_path_factory: pytest.TempPathFactory) -> I
         "webhooks",
         args=("--config", str(PROJECT)),
         model=None,
-        webhook_allowed_hosts=("127.0.0.1",),
+        webhook_allowed_hosts=("127.0.0.1:*",),
         webhook_secret=SECRET,
         webhook_attempts=3,
     )
@@ -117,6 +117,38 @@ def test_a_finished_run_is_posted_to_its_webhook_once(pair: ApiPair, receiver: R
     expected = "sha256=" + hmac.new(SECRET.encode(), ours["raw"], hashlib.sha256).hexdigest()
     assert hmac.compare_digest(ours["headers"]["x-toolfleet-signature"], expected)
     assert ours["headers"]["x-toolfleet-delivery"] == ours["stateful"][0]["run_id"]
+
+
+SLOW = {
+    "messages": [
+        {"role": "user", "content": json.dumps({"calls": [["sleep_for", {"seconds": 20}]]})}
+    ]
+}
+
+
+def test_a_cancelled_runs_webhook_says_it_was_interrupted(
+    pair: ApiPair, receiver: Receiver
+) -> None:
+    """Given a run in its tool call that names a webhook, when it is cancelled, then
+    on both servers the webhook says ``interrupted`` and carries the cancellation as
+    its error, the same on both."""
+
+    async def scenario(c: Any) -> dict[str, Any]:
+        thread = await c.threads.create()
+        tid = thread["thread_id"]
+        path = f"/c-{uuid.uuid4().hex[:8]}"
+        run = await c.runs.create(tid, "fleet", input=SLOW, webhook=receiver.url(path))
+        while (await c.runs.get(tid, run["run_id"]))["status"] == "pending":
+            await asyncio.sleep(0.1)
+        await c.runs.cancel(tid, run["run_id"], wait=True)
+        got = await asyncio.to_thread(receiver.wait_for, 1, 30.0, path)
+        return got[0].json() if got else {}
+
+    ours, theirs = pair.both(scenario)
+
+    assert ours["status"] == theirs["status"] == "interrupted", (ours, theirs)
+    assert ours["error"] == theirs["error"], (ours, theirs)
+    assert ours["error"]["error"] == "UserInterrupt", ours
 
 
 def test_a_failing_receiver_is_retried_with_backoff(pair: ApiPair, receiver: Receiver) -> None:

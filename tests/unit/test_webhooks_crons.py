@@ -47,17 +47,19 @@ from tool_workers.contract.settings import Settings
     ],
 )
 def test_only_public_addresses_pass_an_empty_allowlist(address: str, allowed: bool) -> None:
-    assert Allowlist.parse([]).allows("host.example", ipaddress.ip_address(address)) is allowed
+    assert Allowlist.parse([]).allows("host.example", 443, ipaddress.ip_address(address)) is (
+        allowed
+    )
 
 
 def test_the_allowlist_takes_names_addresses_and_networks() -> None:
     allow = Allowlist.parse(["Hooks.Internal.", "127.0.0.1", "10.20.0.0/16", "[::1]", " "])
-    assert allow.allows("hooks.internal", ipaddress.ip_address("10.9.9.9"))
-    assert allow.allows("x", ipaddress.ip_address("127.0.0.1"))
-    assert not allow.allows("x", ipaddress.ip_address("127.0.0.2"))
-    assert allow.allows("x", ipaddress.ip_address("10.20.3.4"))
-    assert not allow.allows("x", ipaddress.ip_address("10.21.0.1"))
-    assert allow.allows("x", ipaddress.ip_address("::1"))
+    assert allow.allows("hooks.internal", 443, ipaddress.ip_address("10.9.9.9"))
+    assert allow.allows("x", 80, ipaddress.ip_address("127.0.0.1"))
+    assert not allow.allows("x", 80, ipaddress.ip_address("127.0.0.2"))
+    assert allow.allows("x", 443, ipaddress.ip_address("10.20.3.4"))
+    assert not allow.allows("x", 443, ipaddress.ip_address("10.21.0.1"))
+    assert allow.allows("x", 80, ipaddress.ip_address("::1"))
 
 
 def test_a_target_is_called_at_its_checked_address_with_its_host_kept() -> None:

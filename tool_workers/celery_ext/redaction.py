@@ -3,8 +3,8 @@ how it ended, never its result.
 
 The orchestrator publishes every call with ``kwargsrepr="(<tool> call=<tool_call_id>
 thread=<thread id> queue=<queue>)"``: Flower's kwargs column names the call. Its args
-column shows the call's arguments as :func:`args_summary` gives them (secret-named
-fields and URL passwords masked, long values cut, the whole at most
+column shows the call's arguments as :func:`args_summary` gives them (masked by
+:mod:`tool_workers.contract.masking`, long values cut, the whole at most
 :data:`ARGS_CHARS`): :class:`ToolCallRequest` (the tool tasks' Celery ``Request`` class)
 computes it where Celery logs ``Received task`` and sends ``task-received``.
 
@@ -34,7 +34,8 @@ from celery.worker.request import Request
 from tool_workers.celery_ext import lease as leases
 from tool_workers.celery_ext.fence import HOLDING_HEADER, holding_in
 from tool_workers.compat import celery as celery_compat
-from tool_workers.contract.connections import mask_secrets
+from tool_workers.contract.masking import MASK, mask_value
+from tool_workers.contract.masking import SECRET_NAMES as SECRET_FIELDS
 from tool_workers.contract.names import TASK_PREFIX
 from tool_workers.observability import metrics
 
@@ -47,25 +48,26 @@ Tasks page's default columns fit a 1,600 px screen with it)."""
 VALUE_CHARS = 24
 """Characters of one string argument shown before it is cut."""
 
-SECRET_FIELDS = re.compile(
-    r"pass(word|wd|phrase)?|secret|token|api[-_]?key|auth|credential|cookie|private|session",
-    re.IGNORECASE,
-)
-"""Argument names whose values are never shown (matched anywhere in the name)."""
+__all__ = [
+    "ARGS_CHARS",
+    "MASK",
+    "SECRET_FIELDS",
+    "VALUE_CHARS",
+    "SucceededLineFilter",
+    "ToolCallRequest",
+    "args_summary",
+    "quiet_celery_trace",
+    "result_summary",
+]
 
-MASK = "***"
 
-
-def _masked(value: Any) -> Any:
+def _cut(value: Any) -> Any:
     if isinstance(value, dict):
-        return {
-            str(k): MASK if SECRET_FIELDS.search(str(k)) else _masked(v) for k, v in value.items()
-        }
-    if isinstance(value, (list, tuple)):
-        return [_masked(v) for v in value]
-    if isinstance(value, str):
-        text = mask_secrets(value)
-        return text if len(text) <= VALUE_CHARS else text[: VALUE_CHARS - 3] + "..."
+        return {k: _cut(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut(v) for v in value]
+    if isinstance(value, str) and len(value) > VALUE_CHARS:
+        return value[: VALUE_CHARS - 3] + "..."
     return value
 
 
@@ -81,7 +83,7 @@ def args_summary(args: Any) -> str:
     """
     if not isinstance(args, dict):
         return "(?)"
-    shown = _masked(args)
+    shown = _cut(mask_value(args))
     line = "(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
     return line if len(line) <= ARGS_CHARS else line[: ARGS_CHARS - 4] + "...)"
 

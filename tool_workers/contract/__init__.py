@@ -10,7 +10,8 @@
     errors.py        the exception tree
     signing.py       the HMAC of signed requests and results (TOOLFLEET_SIGNING_KEY)
     wire_json.py     graph values (messages, state, context) as JSON
-    connections.py   Redis clients with the deployment's timeouts and TLS; URL masking
+    connections.py   Redis clients with the deployment's timeouts and TLS
+    masking.py       the one masking of every printed or logged setting, argument or line
     logs.py          the log line format both sides write
     store.py         the LangGraph store both sides open (TOOLFLEET_STORE_URL)
     placeholders.py  the placeholder secrets every process refuses at start

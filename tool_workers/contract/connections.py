@@ -8,13 +8,13 @@ the result listener's pub/sub. They all come from here, so a ``rediss://`` deplo
 verifies certificates the same way everywhere.
 
 Credentials travel in the URL (``redis://user:password@host:6379/0``; a password alone
-is ``redis://:password@host``); :func:`mask_secrets` hides them before a URL is logged.
+is ``redis://:password@host``); :func:`mask_secrets` (kept here, owned by
+:mod:`tool_workers.contract.masking`) hides them before a URL is logged.
 Options in a URL's query string (``?ssl_cert_reqs=none``) win over these settings.
 """
 
 from __future__ import annotations
 
-import re
 import socket
 import ssl
 from typing import Any
@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import redis
 import redis.asyncio as aioredis
 
+from tool_workers.contract.masking import mask_secrets
 from tool_workers.contract.settings import Settings
 
 try:  # redis-py 7.2 and later: the client's name and version sent on connect (CLIENT SETINFO)
@@ -34,10 +35,19 @@ else:
     # every connection it opens, on whatever thread or event loop opens it.
     _IDENTITY = {"driver_info": DriverInfo()}
 
-_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
+__all__ = [
+    "async_redis_client",
+    "celery_tls_config",
+    "keepalive_options",
+    "mask_secrets",
+    "redis_client",
+    "redis_connection_kwargs",
+    "socket_options",
+    "ssl_options",
+    "uses_tls",
+]
 
-# A run of characters that can end in the ``@`` of a userinfo: no ``@``, no whitespace.
-_UNTIL_AT = re.compile(r"[^@\s]+")
+_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 
 
 def uses_tls(url: str) -> bool:
@@ -147,56 +157,3 @@ def redis_client(url: str, settings: Settings, **kwargs: Any) -> redis.Redis:
 def async_redis_client(url: str, settings: Settings, **kwargs: Any) -> aioredis.Redis:
     """The ``redis.asyncio`` counterpart of :func:`redis_client`."""
     return aioredis.from_url(url, **_client_kwargs(url, settings, kwargs))
-
-
-def mask_secrets(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@`` in it as ``***``.
-
-    User names stay (they help debugging); works on a bare URL and on a log line alike.
-    The scheme is an ASCII letter and then word characters, ``+``, ``.`` or ``-``; the
-    user has no ``:``, ``/`` or ``@``; the password is what follows up to the next ``@``.
-
-    Linear in the length of ``text``: a log line can carry a caller's long ids, and the
-    one-regex form of this (scheme, user and password in one pattern) rescans a long
-    word from each of its characters.
-    """
-    out: list[str] = []
-    done = 0
-    for run in _UNTIL_AT.finditer(text):
-        # A password ends at an "@": only a run followed by one can hold it.
-        if text[run.end() : run.end() + 1] != "@":
-            continue
-        cut = _password_start(run.group())
-        if cut is not None:
-            out.append(text[done : run.start() + cut])
-            out.append("***")
-            done = run.end()
-    out.append(text[done:])
-    return "".join(out)
-
-
-def _is_scheme_char(char: str) -> bool:
-    return char.isalnum() or char in "_+.-"
-
-
-def _password_start(run: str) -> int | None:
-    """Where the password starts in ``run`` (text up to an "@"), or ``None`` if it has none.
-
-    Each ``://`` is tried from the left. Its scheme is the run of scheme characters just
-    before it, from its first ASCII letter; its user runs up to the first ``:`` or ``/``,
-    which must be a ``:`` followed by at least one character. Each scan stops at a ``:``
-    or ``/``, so every character is looked at a bounded number of times.
-    """
-    at = run.find("://")
-    while at >= 0:
-        start = at
-        while start > 0 and _is_scheme_char(run[start - 1]):
-            start -= 1
-        has_letter = any(c.isascii() and c.isalpha() for c in run[start:at])
-        end = at + 3
-        while end < len(run) and run[end] not in ":/":
-            end += 1
-        if has_letter and end + 1 < len(run) and run[end] == ":":
-            return end + 1
-        at = run.find("://", at + 1)
-    return None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tool_workers.contract.connections import mask_secrets
+from tool_workers.contract.masking import mask_text
 
 SHOWN_CHARS = 80
 """Characters of an error's text a failed task shows (its repr in Flower's exception
@@ -94,7 +94,7 @@ def shown_message(result: dict[str, Any]) -> str:
     text = content if isinstance(content, str) else "the tool returned error content blocks"
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     first = first.removeprefix("Error:").strip()
-    line = mask_secrets(first if kind in _SAID_BY_TYPE else f"{kind}: {first}")
+    line = mask_text(first if kind in _SAID_BY_TYPE else f"{kind}: {first}")
     return line if len(line) <= SHOWN_CHARS else line[: SHOWN_CHARS - 3] + "..."
 
 

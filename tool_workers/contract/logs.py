@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any
 
-from tool_workers.contract.connections import mask_secrets
+from tool_workers.contract.masking import mask_text, masked_settings
 from tool_workers.contract.settings import Settings
 
 FIELDS_ATTR = "toolfleet"
@@ -56,7 +56,7 @@ class JsonFormatter(logging.Formatter):
             entry["exc"] = self.formatException(record.exc_info)
         elif record.exc_text:
             entry["exc"] = record.exc_text
-        return mask_secrets(json.dumps(entry, default=str))
+        return mask_text(json.dumps(entry, default=str))
 
 
 class KeyValueFormatter(logging.Formatter):
@@ -85,7 +85,7 @@ class KeyValueFormatter(logging.Formatter):
             # Before a traceback, not after it: the fields belong to the message line.
             head, newline, rest = line.partition("\n")
             line = f"{head} {render_key_values(fields)}{newline}{rest}"
-        return mask_secrets(line)
+        return mask_text(line)
 
 
 def render_key_values(fields: Mapping[str, Any]) -> str:
@@ -146,19 +146,6 @@ def configure_logging(settings: Settings, stream: IO[str] | None = None) -> logg
     return handler
 
 
-_SECRET_NAMES = ("password", "secret", "token")
-
-
 def settings_fields(settings: Settings) -> dict[str, Any]:
-    """The settings as loggable fields: URL passwords masked, secret-named ones hidden.
-
-    Fields excluded from ``model_dump`` (API tokens) are left out altogether.
-    """
-    fields: dict[str, Any] = {}
-    for name, value in settings.model_dump(mode="json").items():
-        if any(word in name for word in _SECRET_NAMES):
-            value = "***" if value else value
-        elif isinstance(value, list):
-            value = ",".join(str(v) for v in value)
-        fields[name] = mask_secrets(value) if isinstance(value, str) else value
-    return fields
+    """The settings as loggable fields (:func:`tool_workers.contract.masking.masked_settings`)."""
+    return masked_settings(settings)

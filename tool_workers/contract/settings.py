@@ -343,12 +343,14 @@ class Settings(BaseSettings):
     webhook_allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
     """Comma-separated hosts a run's webhook may name although they resolve to loopback,
     private, link-local or other non-public addresses: host names, IP addresses or
-    networks (``10.0.0.0/8``). Others are refused (422 when the run is created)."""
+    networks (``10.0.0.0/8``), each on ports 80 and 443 unless written ``host:port``
+    (that port) or ``host:*`` (any). Others are refused (422 when the run is created)."""
     webhook_secret: str | None = Field(default=None, min_length=16, repr=False, exclude=True)
     """Key of the webhooks' ``X-Toolfleet-Signature`` (HMAC-SHA256 of the body); unset:
     webhooks are sent unsigned."""
     webhook_timeout: float = Field(default=10.0, gt=0)
-    """Seconds one try of a webhook delivery may take."""
+    """Seconds one try of a webhook delivery may take in all: resolving, connecting,
+    sending and reading the answer."""
     webhook_attempts: int = Field(default=5, ge=1, le=20)
     """Tries of a webhook delivery (retried on connection errors, timeouts, 429 and 5xx,
     with exponential backoff); then it is logged and counted as failed."""

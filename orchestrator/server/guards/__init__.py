@@ -1,1 +1,8 @@
-"""Guards every surface of the HTTP service goes through, one module each."""
+"""Guards every surface of ``toolfleet serve`` goes through, one module each.
+
+::
+
+    outbound.py   the one HTTP client for addresses users name (webhooks): the address
+                  check, a deadline per try, a capped answer, a per-tenant pool share
+    account.py    the tenant's account: bytes, counts and retention of what it stores
+"""

@@ -82,7 +82,7 @@ async def cancel_many(
 
 async def _cancel(svc: Services, run: RunRecord, action: CancelAction) -> None:
     with contextlib.suppress(Conflict):  # it finished meanwhile: nothing left to cancel
-        await svc.runs.cancel(run, action)
+        await svc.runs.cancel(run, action, f"{action} requested via POST /runs/cancel")
 
 
 async def _selected(svc: Services, tenant: str, body: RunsCancel) -> list[RunRecord]:

@@ -40,6 +40,9 @@ _SSE: dict[int | str, dict[str, Any]] = {
 
 
 FROM_THE_START = "-1"
+
+CANCEL_ROUTE = "POST /threads/{thread_id}/runs/{run_id}/cancel"
+"""The cancel route as a cancelled run's webhook names it (LangGraph's server's words)."""
 """The ``Last-Event-ID`` a client sends to replay a stream from its start."""
 
 
@@ -221,7 +224,7 @@ async def cancel_run(
     """
     run = await svc.runs.get_run(tenant, thread_id, run_id)
     try:
-        await svc.runs.cancel(run, action)
+        await svc.runs.cancel(run, action, f"{action} requested via {CANCEL_ROUTE}")
     except Conflict:  # finished
         raise NotFound(f"run {run_id} has finished ({run.status}): nothing to cancel") from None
     if wait:
