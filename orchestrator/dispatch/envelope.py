@@ -35,6 +35,7 @@ from celery import signals
 
 from orchestrator.call import PreparedCall
 from orchestrator.tracing import message_headers
+from tool_workers.contract.epoch import EPOCH_HEADER
 from tool_workers.contract.names import VERSION_HEADER, task_name
 from tool_workers.contract.signing import sign_request
 
@@ -98,13 +99,18 @@ class TaskMessage:
     """``[args, kwargs, embed]``."""
 
 
-def task_message(call: PreparedCall, reply_to: str, signing_key: str | None = None) -> TaskMessage:
+def task_message(
+    call: PreparedCall, reply_to: str, signing_key: str | None = None, epoch: str = ""
+) -> TaskMessage:
     """The task message of ``call``, answered on ``reply_to``.
 
     Args:
         call: The call.
         reply_to: The channel the worker reports the call's states on.
         signing_key: ``TOOLFLEET_SIGNING_KEY``: the request is signed with it.
+        epoch: The epoch of toolfleet's records the publisher knows (``""``: none), named
+            in the :data:`~tool_workers.contract.epoch.EPOCH_HEADER` and, with a signing
+            key, covered by the request's signature.
     """
     name = task_name(call.tool)
     request = call.request().to_wire()
@@ -114,7 +120,7 @@ def task_message(call: PreparedCall, reply_to: str, signing_key: str | None = No
         request["issued_at"] = round(time.time(), 3)
         if call.expires_at is not None:
             request["expires_at"] = call.expires_at
-        request = sign_request(signing_key, call.task_id, name, request)
+        request = sign_request(signing_key, call.task_id, name, request, epoch)
     expires = (
         datetime.datetime.fromtimestamp(call.expires_at, tz=datetime.UTC).isoformat()
         if call.expires_at is not None
@@ -136,6 +142,8 @@ def task_message(call: PreparedCall, reply_to: str, signing_key: str | None = No
         headers[VERSION_HEADER] = call.spec.version
     if expires is not None:
         headers["expires"] = expires
+    if epoch:
+        headers[EPOCH_HEADER] = epoch
     if call.trace is not None:
         # The W3C trace headers: Celery's OpenTelemetry instrumentation on the worker
         # takes its parent from them.

@@ -58,7 +58,6 @@ from orchestrator.dispatch.envelope import (
 from orchestrator.dispatch.link import LinkHealth
 from orchestrator.dispatch.loop_redis import LoopClients
 from orchestrator.tracing import publishing
-from tool_workers.contract.epoch import EPOCH_HEADER
 from tool_workers.contract.errors import DispatchError, ResultTimeout, ToolfleetError
 from tool_workers.contract.marker import LUA_READ, marker_key
 from tool_workers.contract.settings import Settings
@@ -457,10 +456,7 @@ class Publisher:
     def message(self, call: PreparedCall) -> TaskMessage:
         """The call's task message, answered on this publisher's reply channel, naming
         the epoch of toolfleet's records this publisher knows."""
-        message = task_message(call, self.reply_to, self._settings.signing_key)
-        if self.epoch:
-            message.headers[EPOCH_HEADER] = self.epoch
-        return message
+        return task_message(call, self.reply_to, self._settings.signing_key, self.epoch)
 
     def _push_args(
         self, calls: Sequence[PreparedCall], signalled: bool

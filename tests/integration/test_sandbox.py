@@ -212,6 +212,75 @@ print("all allocated", flush=True)
 """
 
 
+WRITE_SHARED = """
+import os
+written = []
+for folder in {folders!r}:
+    path = os.path.join(folder, {name!r})
+    try:
+        with open(path, "w") as f:
+            f.write("left by another tenant")
+    except OSError as exc:
+        print("refused", folder, type(exc).__name__, flush=True)
+    else:
+        written.append(path)
+print("written", written, flush=True)
+"""
+
+READ_SHARED = """
+import os
+print("seen", [p for p in {paths!r} if os.path.exists(p)], flush=True)
+"""
+
+MEMFD = """
+import os, mmap, time
+views = []
+block = b"x" * (16 * 2**20)
+for n in range({count}):
+    fd = os.memfd_create(f"tft-hidden-{{n}}")
+    total = 0
+    while total < {size} * 2**20:
+        os.write(fd, block)
+        total += len(block)
+    if {mapped}:
+        views.append(mmap.mmap(fd, 2**20))
+        os.close(fd)
+    print("wrote", total // 2**20, "MiB", flush=True)
+time.sleep(3)
+print("held", flush=True)
+"""
+
+
+def world_writable_folders() -> list[str]:
+    """Every folder of this host a snippet's uid may write to: world-writable, found on
+    every file system but /proc and /sys."""
+    done = subprocess.run(
+        [
+            "find",
+            "/",
+            "(",
+            "-path",
+            "/proc",
+            "-o",
+            "-path",
+            "/sys",
+            ")",
+            "-prune",
+            "-o",
+            "-type",
+            "d",
+            "-perm",
+            "-0002",
+            "-print",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return sorted(set(done.stdout.split()) | {"/run/lock", "/dev/shm", "/var/tmp", "/tmp"})
+
+
 @pytest.fixture
 def password_url(redis_url: str) -> Iterator[tuple[str, str]]:
     """A broker URL of a Redis ACL user with a random password, and that password."""
@@ -621,3 +690,106 @@ def test_given_a_namespaced_worker_when_status_read_then_namespaces_shown(
     shown, text = isolation_shown(settings, worker)
 
     assert shown == "namespaces" and "run_python isolation" in text
+
+
+def leave_files_and_look_again(settings: Settings) -> tuple[ToolResult, list[Path], ToolResult]:
+    """A call that writes a file into every world-writable folder of the host, the files
+    left on the host after it, and the next call's look for them."""
+    name = f"tft-left-{uuid.uuid4().hex}"
+    folders = [f for f in world_writable_folders() if Path(f).is_dir()]
+    paths = [Path(f) / name for f in folders]
+    try:
+        first = run(settings, WRITE_SHARED.format(folders=folders, name=name), timeout=60)
+        left = [p for p in paths if p.exists()]
+        second = run(settings, READ_SHARED.format(paths=[str(p) for p in paths]))
+    finally:
+        for path in paths:
+            path.unlink(missing_ok=True)
+    return first, left, second
+
+
+def test_given_root_worker_when_a_snippet_writes_every_world_writable_folder_then_none_keeps_it(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """Given a root worker with namespaces, when a snippet writes a file into every
+    world-writable folder of the host (/run/lock, /var/tmp, /dev/shm, /tmp, ...), then each
+    write is refused or lands in the call's own tmpfs: no file is on the host after the
+    call, and the next call sees none."""
+    settings = sandbox_settings(make_settings)
+    worker = start_worker(settings, queues=("tools",))
+
+    first, left, second = leave_files_and_look_again(settings)
+
+    assert first.status == "success" and "exit code: 0" in first.content, first.content
+    assert left == [], first.content
+    assert "seen []" in second.content, second.content
+    assert_no_call_left(worker)
+
+
+def test_given_uid_isolation_when_a_snippet_writes_every_world_writable_folder_then_swept(
+    make_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """Given a root worker without namespaces that accepts the uid isolation, when a
+    snippet writes a file into every world-writable folder of the host, then none of them
+    is there after the call and the next call (another uid) sees none."""
+    settings = sandbox_settings(make_settings, sandbox_min_isolation="uid")
+    worker = NoSysAdminWorker(
+        settings, queues=("tools",), log_file=tmp_path / "w.log", extra_env=worker_env(settings)
+    ).start()
+    try:
+        worker.wait_ready()
+        first, left, second = leave_files_and_look_again(settings)
+    finally:
+        worker.stop(grace=5)
+
+    assert first.status == "success" and "exit code: 0" in first.content, first.content
+    assert "/run/lock/" in first.content, first.content
+    assert left == [], first.content
+    assert "seen []" in second.content, second.content
+
+
+def test_given_uid_isolation_when_a_snippet_fills_run_lock_then_it_counts_in_the_memory_limit(
+    make_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """Given a root worker with the uid isolation and the default memory limit (512 MiB),
+    when a snippet writes 600 MiB into /run/lock, then the call is stopped at the memory
+    limit (or the write fails) and the file is gone after it."""
+    settings = sandbox_settings(make_settings, sandbox_min_isolation="uid")
+    worker = NoSysAdminWorker(
+        settings, queues=("tools",), log_file=tmp_path / "w.log", extra_env=worker_env(settings)
+    ).start()
+    path = Path("/run/lock") / f"tft-fill-{uuid.uuid4().hex}"
+    try:
+        worker.wait_ready()
+        result = run(settings, FILL.format(path=str(path), size=600), timeout=40)
+        left = path.exists()
+    finally:
+        worker.stop(grace=5)
+        path.unlink(missing_ok=True)
+
+    out = result.content
+    assert "wrote 600 MiB" not in out, out
+    assert out.startswith("stopped at the memory limit") or "refused after" in out, out
+    assert not left
+
+
+@pytest.mark.parametrize("mapped", [False, True], ids=["fd-held", "only-mapped"])
+def test_given_a_memfd_over_the_limit_when_run_then_stopped_at_the_memory_limit(
+    mapped: bool,
+    make_settings: Callable[..., Settings],
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    """Given the default memory limit (512 MiB), when a snippet writes 1,536 MiB into an
+    anonymous memfd_create file held by its descriptor, or 384 MiB into each of four
+    memfd files kept only by a 1 MiB mapping once their descriptor is closed, then the
+    call is stopped at the memory limit."""
+    settings = sandbox_settings(make_settings)
+    worker = start_worker(settings, queues=("tools",))
+    count, size = (4, 384) if mapped else (1, 1536)
+
+    result = run(settings, MEMFD.format(count=count, size=size, mapped=mapped), timeout=40)
+
+    out = result.content
+    assert out.startswith("stopped at the memory limit"), out
+    assert "held" not in out, out
+    assert_no_call_left(worker)

@@ -372,22 +372,39 @@ def test_rabbitmq_profile_is_optional_healthy_and_its_password_a_secret(
 
 def test_sandbox_worker_runs_snippets_as_another_user_than_the_password_holders() -> None:
     """Given the sandbox-worker service, then it runs as root with no capability but the
-    four that let it run each call as a uid of its own (and kill them), and no new
-    privileges: every process holding the broker password (the worker, init, the
-    healthcheck) is root's, out of reach of the calls' uids. Without CAP_SYS_ADMIN it has
-    no namespaces to give calls, so it accepts the uid isolation, by name."""
+    five that let it give each call namespaces of its own and a uid of its own (and kill
+    them), and no new privileges: every process holding the broker password (the worker,
+    init, the healthcheck) is root's, out of reach of the calls' uids. It accepts no
+    isolation weaker than namespaces unless the operator names one."""
     sandbox = services(SECRETS)["sandbox-worker"]
     assert sandbox["user"] == "root"
     assert sandbox["cap_drop"] == ["ALL"]
-    assert sorted(sandbox["cap_add"]) == ["CHOWN", "KILL", "SETGID", "SETUID"]
+    assert sorted(sandbox["cap_add"]) == ["CHOWN", "KILL", "SETGID", "SETUID", "SYS_ADMIN"]
     assert "no-new-privileges:true" in sandbox["security_opt"]
     environment = sandbox["environment"]
-    assert environment["TOOLFLEET_SANDBOX_MIN_ISOLATION"] == "uid"
     assert environment["TOOLFLEET_SANDBOX_UIDS"] in ("", None) or "0" not in str(
         environment["TOOLFLEET_SANDBOX_UIDS"]
     ).split(",")
-    for name in ("tool-worker", "orchestrator", "flower"):
+    for name in ("sandbox-worker", "tool-worker", "orchestrator", "flower"):
         assert services(SECRETS)[name]["environment"].get("TOOLFLEET_SANDBOX_MIN_ISOLATION") in (
             "",
             None,
+            "namespaces",
         ), name
+
+
+def test_sandbox_worker_may_make_the_namespaces_of_each_call() -> None:
+    """Given the sandbox-worker service, then it holds CAP_SYS_ADMIN (unshare and mount
+    of the calls' pid, mount and IPC namespaces), keeps Docker's default seccomp profile
+    (which allows unshare and mount to a process holding it) and runs unconfined by
+    AppArmor (docker-default denies every mount); its settings refuse calls when the
+    namespaces are missing after all (TOOLFLEET_SANDBOX_MIN_ISOLATION is namespaces)."""
+    sandbox = services(SECRETS)["sandbox-worker"]
+    assert "SYS_ADMIN" in sandbox["cap_add"]
+    assert "apparmor:unconfined" in sandbox["security_opt"]
+    assert not [o for o in sandbox["security_opt"] if o.startswith("seccomp")]
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in sandbox["environment"].items():
+            if value not in ("", None):
+                patch.setenv(key, str(value))
+        assert Settings().sandbox_min_isolation == "namespaces"

@@ -195,7 +195,7 @@ def test_pods_are_non_root_read_only_and_bounded(
     overlay: tuple[str, list[dict[str, Any]]],
 ) -> None:
     """Given every pod, then each container has requests and limits, a read-only root
-    filesystem, no privilege escalation and no capability but the sandbox's four; every
+    filesystem, no privilege escalation and no capability but the sandbox's five; every
     pod runs as non-root except the sandbox worker (root for the switch to nobody)."""
     _, resources = overlay
     for deployment in of_kind(resources, "Deployment"):
@@ -212,7 +212,31 @@ def test_pods_are_non_root_read_only_and_bounded(
             assert security["allowPrivilegeEscalation"] is False, name
             assert security["capabilities"]["drop"] == ["ALL"], name
             added = set(security["capabilities"].get("add", []))
-            assert added == ({"SETUID", "SETGID", "CHOWN", "KILL"} if root else set()), name
+            sandbox = {"SETUID", "SETGID", "CHOWN", "KILL", "SYS_ADMIN"}
+            assert added == (sandbox if root else set()), name
+
+
+def test_the_sandbox_worker_gives_each_call_namespaces_of_its_own(
+    overlay: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """Given the sandbox worker's pod, then its container may make each call's pid, mount
+    and IPC namespaces: CAP_SYS_ADMIN, the runtime's default seccomp profile (which
+    allows unshare and mount to a process holding it) and no AppArmor confinement (the
+    runtime's default profile denies mount); and it accepts no weaker isolation
+    (TOOLFLEET_SANDBOX_MIN_ISOLATION is not lowered)."""
+    _, resources = overlay
+    deployment = kustomize.find(resources, "Deployment", "sandbox-worker")
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    (container,) = [c for c in spec["containers"] if c["name"] == "worker"]
+    security = container["securityContext"]
+    assert "SYS_ADMIN" in security["capabilities"]["add"]
+    assert security["appArmorProfile"]["type"] == "Unconfined"
+    env = {v["name"]: v.get("value") for v in container.get("env", [])}
+    assert env.get("TOOLFLEET_SANDBOX_MIN_ISOLATION") in (None, "namespaces"), env
+    for config in of_kind(resources, "ConfigMap"):
+        value = config["data"].get("TOOLFLEET_SANDBOX_MIN_ISOLATION")
+        assert value in (None, "", "namespaces"), config["metadata"]["name"]
 
 
 def test_secrets_are_referenced_never_embedded(

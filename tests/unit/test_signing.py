@@ -37,6 +37,16 @@ def test_signed_request_verifies_for_its_own_call_only() -> None:
     ToolRequest.model_validate(signed)  # the signature is a field of the request
 
 
+def test_signed_request_verifies_under_its_own_epoch_only() -> None:
+    signed = sign_request(KEY, "t1", TASK, request_body(), "e1")
+
+    assert request_problem(KEY, "t1", TASK, signed, "e1") is None
+    assert request_problem(KEY, "t1", TASK, signed) == "mismatch"  # the header dropped
+    assert request_problem(KEY, "t1", TASK, signed, "e2") == "mismatch"  # changed
+    unstamped = sign_request(KEY, "t1", TASK, request_body())
+    assert request_problem(KEY, "t1", TASK, unstamped, "e1") == "mismatch"  # added
+
+
 @pytest.mark.parametrize(
     "field, value",
     [

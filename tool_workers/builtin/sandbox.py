@@ -9,20 +9,23 @@ Calls are kept apart from each other at the strongest of three levels the host a
 
 - ``namespaces``: each call runs in pid, mount and IPC namespaces of its own (and, on a
   worker that is not root, a user namespace of its own, where it keeps the worker's uid).
-  It sees only its own processes in ``/proc``, and its ``/tmp``, ``/var/tmp`` and
-  ``/dev/shm`` are folders of one private tmpfs, whose size is the call's memory limit,
-  counted in that limit and gone with the call. Its source never touches the host's
-  file system (the supervisor gets it on stdin). On a root worker the call also runs
-  as a uid of its own from ``TOOLFLEET_SANDBOX_UIDS``, and the folders of its
-  interpreter's installation (and venv) are made reachable to that uid in its mount
-  namespace even below a folder closed to it (``/root``, a 0700 home): each closed folder
-  is covered by an empty tmpfs and the installation bind-mounted back, read-only. The
-  workspace of the file tools is there too, read-only, at its own path.
+  It sees only its own processes in ``/proc``, and its ``/tmp``, ``/var/tmp``,
+  ``/dev/shm`` and ``/run/lock`` are folders of one private tmpfs, whose size is the
+  call's memory limit, counted in that limit and gone with the call; every other mount
+  is read-only in its mount namespace, so it writes nowhere on the host. Its source
+  never touches the host's file system (the supervisor gets it on stdin). On a root
+  worker the call also runs as a uid of its own from ``TOOLFLEET_SANDBOX_UIDS``, and
+  the folders of its interpreter's installation (and venv) are made reachable to that
+  uid in its mount namespace even below a folder closed to it (``/root``, a 0700
+  home): each closed folder is covered by an empty tmpfs and the installation
+  bind-mounted back, read-only. The workspace of the file tools is there too,
+  read-only, at its own path.
 - ``uid`` (root, no namespaces: a container without ``CAP_SYS_ADMIN``): each call runs
   as a uid of its own, owner of its 0700 directory; it shares the host's ``/tmp``,
   ``/dev/shm`` and ``/proc`` (where it sees, but cannot read, trace or signal, the other
-  calls' processes), and what its uid left at the top of ``/tmp``, ``/var/tmp`` and
-  ``/dev/shm`` is removed after the call.
+  calls' processes); what its uid keeps at the top of the host's world-writable
+  folders (:func:`world_writable_folders`) counts in its memory limit and is removed
+  after the call, with the System V IPC objects it made.
 - ``none`` (not root, no user namespaces): every call runs as the worker's own user.
 
 Below ``TOOLFLEET_SANDBOX_MIN_ISOLATION`` (``namespaces`` by default) every call is refused
@@ -37,8 +40,10 @@ What else is contained:
   The snippet gets only ``PATH``, ``HOME``, ``TMPDIR`` and ``LANG``, no supplementary
   group, no new privileges and no open file but its stdin (``/dev/null``), stdout and
   stderr.
-- **Memory, per call.** The resident memory of all the call's processes together, plus
-  what the call keeps in its private tmpfs, is checked every ~50 ms against
+- **Memory, per call.** The resident memory of all the call's processes together (but
+  shared memory pages), once each file without a name they hold open or mapped (a
+  ``memfd_create`` file, a shared anonymous mapping, an unlinked file), System V shared
+  memory, and what the call keeps in its private tmpfs, are checked every ~50 ms against
   ``TOOLFLEET_SANDBOX_MEMORY_LIMIT``; past it the whole tree is killed and the result says
   so. Each process also has that limit as its address space (``RLIMIT_AS``), so one
   allocation beyond it fails at once with MemoryError.
@@ -57,10 +62,11 @@ What else is contained:
 
 Still not contained: the network (a snippet can connect anywhere the worker can, the
 broker included, though without its password), CPU time within the timeout, and the
-host's file system beyond the folders above: a snippet reads and writes whatever its uid
-may (on a non-root worker the worker's user's files, such as a mounted ``.env``). Memory
-is summed as resident set size, so pages shared between forked processes count once per
-process. Isolate untrusted code from the host with a container or VM around the
+host's file system beyond the folders above: a snippet reads whatever its uid may (on a
+non-root worker the worker's user's files, such as a mounted ``.env``), and at the
+``uid`` level writes whatever its uid may. Memory is summed as resident set size, so
+private pages shared between forked processes count once per process. Isolate untrusted
+code from the host with a container or VM around the
 ``sandbox`` queue's workers, as the compose deployment does.
 """
 
@@ -118,8 +124,14 @@ _POLL = 0.1
 _UID_WAIT = 10.0
 _SUPERVISOR = Path(supervisor.__file__)
 _PSUTIL_PATH = str(Path(psutil.__file__).resolve().parents[1])
-# Shared folders a snippet of the "uid" isolation may leave files in, removed after it.
-_SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+# Where a snippet of the "uid" isolation may leave files whatever the host: found again
+# with every other world-writable folder (world_writable_folders).
+_SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+# Not files: the kernel's views, never a place a snippet leaves a file in.
+_NOT_FILES = ("/proc", "/sys")
+# How deep the walk for world-writable folders goes (/var/lib/php/sessions is 4 deep):
+# a walk of every folder of an image with a venv or two takes seconds.
+_WALK_DEPTH = 4
 _LANG = {"LANG": "C.UTF-8"}
 
 
@@ -174,9 +186,25 @@ def _kill_user(uid: int) -> None:
         time.sleep(0.01)
 
 
-def _remove_files_of(uid: int) -> None:
-    """Remove what ``uid`` left at the top of the host's shared temporary folders."""
-    for folder in _SHARED_TMP:
+def world_writable_folders() -> list[str]:
+    """The folders of the host any user may write into (``/tmp``, ``/var/tmp``,
+    ``/dev/shm``, ``/run/lock``, ..., on every file system but ``/proc`` and ``/sys``, to
+    :data:`_WALK_DEPTH` folders below ``/``): where a call of the ``uid`` isolation, which
+    has no mount namespace, may leave files. Found once, when the tool is built."""
+    found = {f for f in _SHARED_TMP if os.path.isdir(f) and not os.path.islink(f)}
+    for top, dirs, _ in os.walk("/", onerror=None):
+        if top.rstrip("/").count("/") >= _WALK_DEPTH:
+            dirs.clear()
+        dirs[:] = [d for d in dirs if os.path.join(top, d) not in _NOT_FILES]
+        with contextlib.suppress(OSError):
+            if os.lstat(top).st_mode & stat.S_IWOTH:
+                found.add(top)
+    return sorted(found)
+
+
+def _remove_files_of(uid: int, folders: list[str]) -> None:
+    """Remove what ``uid`` left at the top of the host's world-writable ``folders``."""
+    for folder in folders:
         with contextlib.suppress(OSError), os.scandir(folder) as entries:
             for entry in entries:
                 with contextlib.suppress(OSError):
@@ -186,6 +214,30 @@ def _remove_files_of(uid: int) -> None:
                         shutil.rmtree(entry.path, ignore_errors=True)
                     else:
                         os.unlink(entry.path)
+
+
+_IPC_RMID = 0
+
+
+def _remove_ipc_of(uid: int) -> None:
+    """Remove the System V shared memory segments, message queues and semaphore sets
+    ``uid`` created or owns: on the host's IPC namespace they would outlive the call."""
+    libc = supervisor.libc()
+    removers: dict[str, Callable[[int], int]] = {
+        "shm": lambda ident: libc.shmctl(ident, _IPC_RMID, None),
+        "msg": lambda ident: libc.msgctl(ident, _IPC_RMID, None),
+        "sem": lambda ident: libc.semctl(ident, 0, _IPC_RMID),
+    }
+    for kind, remove in removers.items():
+        try:
+            with open(f"/proc/sysvipc/{kind}", encoding="ascii") as table:
+                header = table.readline().split()
+                rows = [dict(zip(header, line.split(), strict=False)) for line in table]
+        except OSError:
+            continue
+        for row in rows:
+            if str(uid) in (row.get("uid"), row.get("cuid")):
+                remove(int(row[header[1]]))
 
 
 class _UidPool:
@@ -494,6 +546,7 @@ def sandbox_tools(
     if isolation.refusal:
         log.warning(isolation.refusal)
     reach = []
+    shared = world_writable_folders() if root and isolation.level != "namespaces" else []
     if isolation.level == "namespaces":
         reach = _reach(interpreter)
         if workspace is not None and workspace.is_dir():
@@ -519,7 +572,8 @@ def sandbox_tools(
         finally:
             if uid is not None and isolation.level != "namespaces":
                 _kill_user(uid)
-                _remove_files_of(uid)
+                _remove_files_of(uid, shared)
+                _remove_ipc_of(uid)
             if lock_fd >= 0:
                 os.close(lock_fd)
             shutil.rmtree(tmp, ignore_errors=True)
@@ -574,7 +628,9 @@ def sandbox_tools(
             for item in (tmp, script, workdir):
                 os.chown(item, uid, uid)
         env = {"PATH": path, "HOME": str(workdir), "TMPDIR": str(workdir), **_LANG}
-        return supervisor.Config(script=str(script), cwd=str(workdir), env=env, **common)
+        return supervisor.Config(
+            script=str(script), cwd=str(workdir), env=env, shared_dirs=shared, **common
+        )
 
     def _run(
         code: str, tmp: Path, effective: float, uid: int | None, lock_fd: int
@@ -629,7 +685,7 @@ def sandbox_tools(
     persists = (
         "Nothing persists between calls"
         if isolation.level == "namespaces"
-        else "Files written outside that directory may persist"
+        else "Files written outside that directory may be seen by other calls while it runs"
     )
     return [
         StructuredTool.from_function(

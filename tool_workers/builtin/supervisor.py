@@ -14,15 +14,18 @@ settings). The supervisor:
    memory limit) and starts the call's *init*: the first process of a new pid namespace,
    which dies with the supervisor (``PR_SET_PDEATHSIG``) and takes every process of the
    namespace with it. The init gives the call a mount namespace of its own, where
-   ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are folders of that tmpfs and ``/proc`` shows
-   the namespace's processes only, and runs the snippet there. The snippet cannot see,
+   ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run/lock`` are folders of that tmpfs,
+   every other mount is read-only (:func:`read_only_host`) and ``/proc`` shows the
+   namespace's processes only, and runs the snippet there. The snippet cannot see,
    signal or trace the supervisor or anything outside its namespace, and the kernel
    drops the signals it sends its init;
 3. starts the snippet with per-process rlimits (``RLIMIT_AS`` = the call's memory limit,
-   ``RLIMIT_CORE`` 0, ``RLIMIT_NPROC`` as a backstop) and no new privileges, as the
-   call's own uid when it runs as root;
-4. every ~50 ms sums the resident memory of the snippet's whole tree and what the call
-   keeps in its tmpfs, counts its processes, and stops the call when either passes the
+   ``RLIMIT_CORE`` 0, ``RLIMIT_MSGQUEUE`` 0, ``RLIMIT_NPROC`` as a backstop) and no new
+   privileges, as the call's own uid when it runs as root;
+4. every ~50 ms sums the memory of the snippet's whole tree (:func:`measure`: resident
+   memory, files without a name, System V segments) and what the call keeps in its
+   tmpfs (or, without namespaces, in the host's world-writable folders), counts its
+   processes, and stops the call when either passes the
    call's limit, the wall-clock timeout passes, the worker asks it to stop (SIGTERM) or
    the worker process is gone;
 5. when the call ends, for whatever reason, SIGKILLs and reaps every descendant, over and
@@ -36,10 +39,12 @@ This module imports only the standard library and psutil.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno as errnos
 import json
 import os
+import re
 import resource
 import select
 import signal
@@ -78,12 +83,17 @@ _MS_REC = 0x4000
 _MS_PRIVATE = 0x40000
 _MS_RELATIME = 0x200000
 
-TMPFS_FOLDERS = {"tmp": "/tmp", "var-tmp": "/var/tmp", "shm": "/dev/shm"}
+TMPFS_FOLDERS = {"tmp": "/tmp", "var-tmp": "/var/tmp", "shm": "/dev/shm", "lock": "/run/lock"}
 """Folders of the call's tmpfs and where the snippet sees them."""
 SNIPPET_DIR = "/tmp"
 """Where the snippet's script lies in its namespace; its working directory is ``work`` below."""
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def libc() -> ctypes.CDLL:
+    """The C library, its errno kept (for the calls ``os`` has no name for)."""
+    return _libc
 
 
 def _check(result: int, what: str) -> None:
@@ -214,6 +224,9 @@ class Config:
     empty tmpfs and they are bind-mounted back, read-only."""
     parent: int | None = None
     """The pid of the worker process that started this supervisor."""
+    shared_dirs: list[str] = field(default_factory=list)
+    """Without namespaces: the host's world-writable folders, where what the call's uid
+    keeps counts in its memory limit."""
 
 
 @dataclass
@@ -232,18 +245,122 @@ class Report:
     reason: dict[str, Any] = field(default_factory=dict)
 
 
-def measure(root: psutil.Process) -> tuple[int, int]:
-    """The summed resident set size and the number of live processes below ``root``."""
+_ANONYMOUS = ("/memfd:", "/dev/zero (deleted)", "/SYSV")
+"""How ``/proc`` names a file that lives in memory without a name: a ``memfd_create``
+file, a shared anonymous mapping, a System V segment (also any file ending in
+``(deleted)``: one unlinked while still open or mapped)."""
+
+
+def _private_resident(pid: int) -> int:
+    """Resident memory of ``pid`` but its shared memory pages (``RssShmem``), which are
+    counted once, with the file they belong to."""
+    total = 0
+    with open(f"/proc/{pid}/status", "rb") as status:
+        for line in status:
+            if line.startswith((b"RssAnon:", b"RssFile:")):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def _anonymous(name: str) -> bool:
+    return name.startswith(_ANONYMOUS) or name.endswith(" (deleted)")
+
+
+def anonymous_files(pid: int, skip_dev: int | None, seen: dict[tuple[int, int], int]) -> None:
+    """Add to ``seen`` (bytes by device and inode) the files without a name that ``pid``
+    holds open or mapped, but those on device ``skip_dev`` (the call's tmpfs, counted as a
+    whole) and System V segments (counted by :func:`sysv_shm`). A mapped file whose size
+    this process may not read (``map_files`` needs root) counts the mapping's length."""
+    with os.scandir(f"/proc/{pid}/fd") as fds:
+        for fd in fds:
+            try:
+                name = os.readlink(fd.path)
+                if not _anonymous(name) or name.startswith("/SYSV"):
+                    continue
+                st = os.stat(fd.path)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_dev != skip_dev:
+                seen[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+    with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+        for line in maps:
+            parts = line.split(None, 5)
+            if len(parts) < 6 or not _anonymous(parts[5].rstrip("\n")):
+                continue
+            if parts[5].startswith("/SYSV"):
+                continue
+            span = parts[0]
+            try:
+                st = os.stat(f"/proc/{pid}/map_files/{span}")
+            except OSError:
+                start, end = (int(x, 16) for x in span.split("-"))
+                major, minor = (int(x, 16) for x in parts[3].split(":"))
+                key = (os.makedev(major, minor), int(parts[4]))
+                seen[key] = max(seen.get(key, 0), end - start)
+                continue
+            if st.st_dev != skip_dev:
+                seen[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+
+
+def sysv_shm(uid: int | None) -> int:
+    """Bytes of the System V shared memory segments of this IPC namespace (of those
+    ``uid`` created or owns, when given), resident or swapped."""
+    total = 0
+    try:
+        with open("/proc/sysvipc/shm", encoding="ascii") as table:
+            header = table.readline().split()
+            for line in table:
+                row = dict(zip(header, line.split(), strict=False))
+                if uid is not None and str(uid) not in (row.get("uid"), row.get("cuid")):
+                    continue
+                total += int(row.get("rss", 0)) + int(row.get("swap", 0))
+    except (OSError, ValueError):
+        return total
+    return total
+
+
+def files_of(uid: int, folders: list[str]) -> int:
+    """Bytes of what ``uid`` keeps in ``folders`` (the host's world-writable folders):
+    each entry at their top it owns, a folder with all it holds."""
+    total = 0
+    for folder in folders:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if st.st_uid != uid:
+                    continue
+                total += st.st_blocks * 512
+                if stat.S_ISDIR(st.st_mode):
+                    for top, dirs, files in os.walk(entry.path):
+                        for name in dirs + files:
+                            with contextlib.suppress(OSError):
+                                total += os.lstat(os.path.join(top, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
+def measure(root: psutil.Process, skip_dev: int | None = None) -> tuple[int, int]:
+    """The memory of the live processes below ``root`` and their number: each one's
+    resident memory but its shared memory pages, plus once each file without a name they
+    hold open or mapped (a ``memfd_create`` file, a shared anonymous mapping, an unlinked
+    file), but those on device ``skip_dev``."""
     memory = count = 0
+    anonymous: dict[tuple[int, int], int] = {}
     for proc in root.children(recursive=True):
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue
-            memory += proc.memory_info().rss
+            memory += _private_resident(proc.pid)
+            anonymous_files(proc.pid, skip_dev, anonymous)
             count += 1
-        except psutil.Error:
+        except (psutil.Error, OSError):
             continue
-    return memory, count
+    return memory + sum(anonymous.values()), count
 
 
 def processes_of(uid: int) -> int:
@@ -272,6 +389,8 @@ def child_limits(config: Config) -> Callable[[], None]:
         memory = config.memory_limit
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        # No POSIX message queue: on a shared IPC namespace one would outlive the call.
+        resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
         if nproc is not None:
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         set_no_new_privs()
@@ -340,10 +459,11 @@ def _outermost(paths: list[str]) -> list[str]:
     return [p for p in kept if not any(q != p and p.startswith(q.rstrip("/") + "/") for q in kept)]
 
 
-def _open_path_to(path: str) -> None:
+def _open_path_to(path: str) -> list[str]:
     """Make every folder above ``path`` enterable by any user in this mount namespace: a
     folder closed to others is covered by an empty tmpfs (mode 0755), and folders missing
-    below such a cover are made."""
+    below such a cover are made. Returns the covers."""
+    covers = []
     current = "/"
     for part in path.strip("/").split("/")[:-1]:
         current = os.path.join(current, part)
@@ -351,12 +471,48 @@ def _open_path_to(path: str) -> None:
             os.mkdir(current, 0o755)
         elif not os.stat(current).st_mode & stat.S_IXOTH:
             mount("toolfleet-reach", current, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
+            covers.append(current)
     if not os.path.isdir(path):
         os.mkdir(path, 0o755)
+    return covers
 
 
 def _bind_read_only(source: str, target: str) -> None:
     mount(source, target, None, _MS_BIND | _MS_REC)
+    _remount_read_only(target)
+
+
+def _mount_points() -> list[str]:
+    """The mount points of this mount namespace, parents first (``/proc/self/mountinfo``,
+    its octal escapes undone)."""
+    points = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as info:
+        for line in info:
+            raw = line.split()[4]
+            points.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), raw))
+    return sorted(set(points), key=lambda p: p.count("/") if p != "/" else 0)
+
+
+def read_only_host(keep: str) -> None:
+    """Remount every mount of this mount namespace read-only but ``keep`` (the call's
+    tmpfs): no folder of the host, world-writable or the worker's own, takes a write
+    from the call, nor keeps one past it. A mount point hidden by a later mount on a
+    folder above it (``ENOENT``, ``EINVAL``) is out of reach anyway.
+
+    Raises:
+        OSError: a mount the call could reach refused to become read-only.
+    """
+    for point in _mount_points():
+        if point == keep or point.startswith(keep.rstrip("/") + "/"):
+            continue
+        try:
+            _remount_read_only(point)
+        except OSError as exc:
+            if exc.errno not in (errnos.ENOENT, errnos.EINVAL, errnos.ENOTDIR):
+                raise
+
+
+def _remount_read_only(target: str) -> None:
     # A remount must keep the flags a user namespace may not change (nosuid, nodev,
     # noexec, atime); statvfs's ST_* values are MS_* but for relatime.
     have = os.statvfs(target).f_flag
@@ -387,12 +543,16 @@ def _call_init(config: Config, life_fd: int, limits: Callable[[], None]) -> int:
         os.makedirs(view)
         mount(path, view, None, _MS_BIND | _MS_REC)
         views.append((path, view))
+    read_only_host(call_dir)
     for name, target in TMPFS_FOLDERS.items():
         if os.path.isdir(target) and not os.path.islink(target):
             mount(name, target, None, _MS_BIND)
+    covers = []
     for path, view in views:
-        _open_path_to(path)
+        covers += _open_path_to(path)
         _bind_read_only(view, path)
+    for cover in covers:
+        _remount_read_only(cover)
     mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     snippet = _start_snippet(config, config.script, config.cwd, limits)
     while True:
@@ -431,6 +591,10 @@ class _Call:
     report_fd: int = -1
     tmpfs: str | None = None
     keep: list[int] = field(default_factory=list)
+
+    @property
+    def tmpfs_dev(self) -> int | None:
+        return os.stat(self.tmpfs).st_dev if self.tmpfs is not None else None
 
 
 def _start(config: Config) -> _Call:
@@ -503,9 +667,11 @@ def supervise(config: Config) -> Report:
                     report.reason = {"error": told["error"]}
                 report.exit_code = told.get("exit_code")
                 break
-            memory, count = measure(call.tree)
+            memory, count = measure(call.tree, call.tmpfs_dev)
             if call.tmpfs is not None:
-                memory += tmpfs_used(call.tmpfs)
+                memory += tmpfs_used(call.tmpfs) + sysv_shm(None)
+            elif config.uid is not None:
+                memory += files_of(config.uid, config.shared_dirs) + sysv_shm(config.uid)
             report.peak_memory = max(report.peak_memory, memory)
             report.peak_processes = max(report.peak_processes, count)
             if memory > config.memory_limit:
@@ -549,6 +715,7 @@ def probe(call_dir: str) -> str | None:
             unshare(CLONE_NEWNS)
             mount("none", "/", None, _MS_REC | _MS_PRIVATE)
             mount(call_dir, "/tmp", None, _MS_BIND)
+            read_only_host("/tmp")
             mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
         except OSError as exc:
             os.write(2, str(exc).encode())

@@ -62,9 +62,10 @@ whose calls all have their markers)."""
 EPOCH_HEADER = "toolfleet_epoch"
 """Message header: the epoch the call's publisher knew when it published the call.
 
-Not covered by a signed request's signature: a forged value can only make a worker
-refuse a call whose marker is gone, or run it as it runs a call without the header (a
-plain Celery client's), which whoever can publish can have anyway."""
+On a fleet with a signing key it is covered by the request's signature
+(:mod:`tool_workers.contract.signing`): a message whose header was dropped, added or
+changed is refused as tampered with, so a captured call whose marker is gone cannot be
+made to run again as one from a client that stamps no epoch, or from the current one."""
 
 
 def epoch_key(key_prefix: str) -> str:

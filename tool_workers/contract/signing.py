@@ -7,9 +7,11 @@ or checked.
 
 What is signed is the canonical JSON (sorted keys, no spaces, ASCII) of a small
 envelope: what the signature is for (``request`` or ``result``), the call's task id,
-for a request the task name it was sent to, and the body without its ``signature``. A
-signature therefore holds for one call only: moved to another task id or another tool's
-task, or turned from a request into a result, it no longer verifies.
+for a request the task name it was sent to and the epoch of toolfleet's records it was
+published under (:data:`~tool_workers.contract.epoch.EPOCH_HEADER`, when it names one),
+and the body without its ``signature``. A signature therefore holds for one call only:
+moved to another task id or another tool's task, turned from a request into a result,
+or with its epoch header dropped, added or changed, it no longer verifies.
 """
 
 from __future__ import annotations
@@ -43,17 +45,25 @@ def _unsigned(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k != SIGNATURE_FIELD}
 
 
-def _request_envelope(task_id: str, task: str, body: dict[str, Any]) -> dict[str, Any]:
-    return {"for": "request", "task_id": task_id, "task": task, "body": _unsigned(body)}
+def _request_envelope(task_id: str, task: str, body: dict[str, Any], epoch: str) -> dict[str, Any]:
+    envelope = {"for": "request", "task_id": task_id, "task": task, "body": _unsigned(body)}
+    # The epoch decides whether a call whose marker is gone may run (contract/epoch.py):
+    # left unsigned, dropping it would turn a lost call into one that runs again.
+    if epoch:
+        envelope["epoch"] = epoch
+    return envelope
 
 
 def _result_envelope(task_id: str, body: dict[str, Any]) -> dict[str, Any]:
     return {"for": "result", "task_id": task_id, "body": _unsigned(body)}
 
 
-def sign_request(key: str, task_id: str, task: str, body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` (a request as JSON) with its signature for task ``task`` under ``task_id``."""
-    return {**body, SIGNATURE_FIELD: _digest(key, _request_envelope(task_id, task, body))}
+def sign_request(
+    key: str, task_id: str, task: str, body: dict[str, Any], epoch: str = ""
+) -> dict[str, Any]:
+    """``body`` (a request as JSON) with its signature for task ``task`` under ``task_id``,
+    published under ``epoch`` (``""``: the message names none)."""
+    return {**body, SIGNATURE_FIELD: _digest(key, _request_envelope(task_id, task, body, epoch))}
 
 
 def sign_result(key: str, task_id: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -72,9 +82,12 @@ def _check(key: str, body: Any, envelope: Any) -> Problem | None:
     return None if hmac.compare_digest(expected, signature) else "mismatch"
 
 
-def request_problem(key: str, task_id: str, task: str, body: Any) -> Problem | None:
-    """Why the request ``body`` received as ``task``/``task_id`` must be refused, if it must."""
-    return _check(key, body, lambda b: _request_envelope(task_id, task, b))
+def request_problem(
+    key: str, task_id: str, task: str, body: Any, epoch: str = ""
+) -> Problem | None:
+    """Why the request ``body`` received as ``task``/``task_id``, its message naming
+    ``epoch``, must be refused, if it must."""
+    return _check(key, body, lambda b: _request_envelope(task_id, task, b, epoch))
 
 
 def result_problem(key: str, task_id: str, body: Any) -> Problem | None:

@@ -204,7 +204,9 @@ def _register(
         worker = self.request.hostname or ""
         raw = args[0] if args else kwargs.get("request")
         if signing_key:
-            problem = request_problem(signing_key, self.request.id, own_task, raw)
+            problem = request_problem(
+                signing_key, self.request.id, own_task, raw, epoch_of(self.request)
+            )
             if problem is not None:
                 log.error("refused the %s request of call %s", problem, self.request.id)
                 refused = ToolResult.error(
