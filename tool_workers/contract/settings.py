@@ -279,6 +279,9 @@ class Settings(BaseSettings):
     api_tokens: Annotated[tuple[str, ...], NoDecode] = Field(default=(), repr=False, exclude=True)
     """Comma-separated bearer tokens the HTTP service (``toolfleet serve``) accepts, each
     bare (a tenant of its own) or as ``tenant:token`` (tokens sharing a named tenant)."""
+    cors_origins: Annotated[tuple[str, ...], NoDecode] = ()
+    """Comma-separated origins of the web pages that may call the HTTP service from a
+    browser (``http://localhost:3000``; ``*``: any); none by default."""
     max_body_bytes: int = Field(default=4_194_304, gt=0)
     """Largest request body the HTTP service reads; larger ones are refused with 413."""
     redis_pool_size: int = Field(default=50, gt=0)
@@ -363,7 +366,9 @@ class Settings(BaseSettings):
             raise ValueError("lease_refresh must be below lease_ttl")
         return self
 
-    @field_validator("tool_modules", "api_tokens", "webhook_allowed_hosts", mode="before")
+    @field_validator(
+        "tool_modules", "api_tokens", "webhook_allowed_hosts", "cors_origins", mode="before"
+    )
     @classmethod
     def _split_modules(cls, value: Any) -> Any:
         if isinstance(value, str):
