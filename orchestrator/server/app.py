@@ -351,6 +351,8 @@ def serve(
     port: int,
     no_auth: bool = False,
     graphs: Sequence[ProjectGraph] | None = None,
+    cors: CorsPolicy | None = None,
+    model: BaseChatModel | None = None,
 ) -> None:
     """Serve the app with uvicorn until SIGINT/SIGTERM.
 
@@ -360,15 +362,21 @@ def serve(
         port: Port to listen on.
         no_auth: Serve without API tokens.
         graphs: A project's graphs (default: the built-in agent).
+        cors: The project's ``http.cors``.
+        model: The built-in agent's chat model (default: made from ``settings``).
 
     Raises:
-        ConfigError: no API tokens are configured and ``no_auth`` is not set, or a
-            password or token is a placeholder (``change-me``).
+        ConfigError: no API tokens are configured and ``no_auth`` is not set, a
+            password or token is a placeholder (``change-me``), or the address cannot
+            be listened on (a port in use).
     """
     import uvicorn
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     check_settings(settings, no_auth=no_auth)
+    # Bound before anything starts: a port in use is a line and an exit, not a service
+    # that starts, connects everywhere, and then finds it has nowhere to listen.
+    listening = listen_socket(host, port)
     for name in ("uvicorn.error", "uvicorn.access"):  # startup line and one line a request
         logging.getLogger(name).setLevel(logging.INFO)
     logging.getLogger("uvicorn.access").addFilter(short_paths)
@@ -380,7 +388,7 @@ def serve(
         )
     )
     config = uvicorn.Config(
-        create_app(settings, graphs=graphs),
+        create_app(settings, graphs=graphs, cors=cors, model=model),
         host=host,
         port=port,
         # httptools, as the guard in front of it parses with (the same requests for both).
@@ -388,4 +396,19 @@ def serve(
         log_config=None,  # configure_logging's handler and format
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,  # then streams are cut, local runs cancelled
     )
-    uvicorn.Server(config).run()
+    with listening:
+        uvicorn.Server(config).run(sockets=[listening])
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host:port`` (``SO_REUSEADDR``, as uvicorn binds).
+
+    Raises:
+        ConfigError: the address cannot be listened on (in use, not this host's).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from None

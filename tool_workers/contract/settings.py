@@ -21,6 +21,7 @@ import os
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -389,6 +390,13 @@ class Settings(BaseSettings):
                 f"{shown} is not one toolfleet speaks: use "
                 + ", ".join(f"{s}://" for s in sorted(allowed))
             )
+        # Said here, not as a traceback of the first connection. A Sentinel or cluster
+        # URL names several hosts, ';'-separated.
+        for part in value.split(";"):
+            try:
+                _ = urlsplit(part).port
+            except ValueError as exc:
+                raise ValueError(f"not a valid URL: {exc}") from None
         return value
 
     @model_validator(mode="after")
