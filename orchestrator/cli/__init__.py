@@ -222,6 +222,7 @@ def serve(
         typer.echo(f"error: {exc}; install the server extra: pip install 'toolfleet[server]'")
         raise typer.Exit(2) from None
     from orchestrator.cli.errors import setup_errors
+    from orchestrator.server.graph import resolve_model
     from orchestrator.server.projects import read_project
     from tool_workers.contract.connections import redis_client
     from tool_workers.contract.logs import configure_logging
@@ -237,13 +238,24 @@ def serve(
         graphs = project.load() if project is not None else None
         check_settings(settings, no_auth=no_auth)  # before connecting anywhere
         with setup_errors(settings.own_redis_url):
+            # A model that cannot be made is said in a line, as `toolfleet run` says it,
+            # not as the traceback of a failed startup.
+            model = resolve_model(settings.model) if project is None else None
             # Redis down is said in a line, before uvicorn would print its traceback.
             probe = redis_client(settings.own_redis_url, settings, socket_connect_timeout=2.0)
             try:
                 probe.ping()
             finally:
                 probe.close()
-        serve_forever(settings, host=host, port=port, no_auth=no_auth, graphs=graphs)
+        serve_forever(
+            settings,
+            host=host,
+            port=port,
+            no_auth=no_auth,
+            graphs=graphs,
+            cors=project.cors if project is not None else None,
+            model=model,
+        )
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -24,8 +24,10 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from langchain_core.language_models import BaseChatModel
 from langgraph.store.memory import InMemoryStore
 from redis.exceptions import RedisError
+from starlette.middleware.cors import CORSMiddleware
 
 from orchestrator import fairshare
 from orchestrator.agent import async_checkpointer
@@ -35,6 +37,7 @@ from orchestrator.server import late as late_records
 from orchestrator.server.assistant_store import AssistantStore
 from orchestrator.server.auth import TokenAuth
 from orchestrator.server.connections import ConnectionGuard, ConnectionLimits, connection_cap
+from orchestrator.server.cors import CorsPolicy, cors_policy, middleware_options
 from orchestrator.server.cronbeat import CronBeat
 from orchestrator.server.cronstore import CronStore
 from orchestrator.server.errors import RequestRefused
@@ -85,22 +88,27 @@ def create_app(
     *,
     replica_id: str | None = None,
     graphs: Sequence[ProjectGraph] | None = None,
+    cors: CorsPolicy | None = None,
+    model: BaseChatModel | None = None,
 ) -> FastAPI:
     """The service's ASGI app.
 
     Args:
         settings: Where Redis, the fleet and the checkpointer are; the model; the API
-            tokens (none: no authentication).
+            tokens (none: no authentication); the origins of browser pages allowed.
         replica_id: This replica's id (default: host, pid and a random suffix).
         graphs: A project's graphs to serve (see :mod:`orchestrator.server.projects`);
             default: the built-in agent, with the model ``settings`` names.
+        cors: The project's ``http.cors`` (see :mod:`orchestrator.server.cors`).
+        model: The built-in agent's chat model, already made (default: made from
+            ``settings`` as the app starts).
     """
     auth = TokenAuth(settings.api_tokens)
     replica = replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with _services(settings, replica, graphs) as svc:
+        async with _services(settings, replica, graphs, model) as svc:
             key = await tenant_key(svc.redis, Keys(settings.key_prefix))
             auth.bind(key)
             app.state.services = svc
@@ -169,6 +177,9 @@ def create_app(
         max_body_bytes=settings.max_body_bytes,
         body_timeout=settings.http_body_timeout,
     )
+    policy = cors_policy(settings, cors)
+    if policy is not None:  # in front of the guard: a preflight carries no token
+        app.add_middleware(CORSMiddleware, **middleware_options(policy))
     app.add_exception_handler(RequestRefused, _refused)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(RedisError, _redis_down)
@@ -178,7 +189,10 @@ def create_app(
 
 @asynccontextmanager
 async def _services(
-    settings: Settings, replica: str, project: Sequence[ProjectGraph] | None
+    settings: Settings,
+    replica: str,
+    project: Sequence[ProjectGraph] | None,
+    model: BaseChatModel | None = None,
 ) -> AsyncIterator[Services]:
     dispatcher = dispatcher_for(settings=settings)
     # Every graph's toolfleet middleware in this process takes its runs' turns here.
@@ -197,7 +211,8 @@ async def _services(
         agent: AgentProvider | None = None
         sources: list[GraphSource]
         if project is None:
-            agent = AgentProvider(settings, resolve_model(settings.model), checkpointer, dispatcher)
+            chat = model if model is not None else resolve_model(settings.model)
+            agent = AgentProvider(settings, chat, checkpointer, dispatcher)
             sources = [agent]
         else:
             sources = [ProjectSource(graph, checkpointer, graph_store) for graph in project]
@@ -354,6 +369,8 @@ def serve(
     port: int,
     no_auth: bool = False,
     graphs: Sequence[ProjectGraph] | None = None,
+    cors: CorsPolicy | None = None,
+    model: BaseChatModel | None = None,
 ) -> None:
     """Serve the app with uvicorn until SIGINT/SIGTERM.
 
@@ -363,15 +380,21 @@ def serve(
         port: Port to listen on.
         no_auth: Serve without API tokens.
         graphs: A project's graphs (default: the built-in agent).
+        cors: The project's ``http.cors``.
+        model: The built-in agent's chat model (default: made from ``settings``).
 
     Raises:
-        ConfigError: no API tokens are configured and ``no_auth`` is not set, or a
-            password or token is a placeholder (``change-me``).
+        ConfigError: no API tokens are configured and ``no_auth`` is not set, a
+            password or token is a placeholder (``change-me``), or the address cannot
+            be listened on (a port in use).
     """
     import uvicorn
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     check_settings(settings, no_auth=no_auth)
+    # Bound before anything starts: a port in use is a line and an exit, not a service
+    # that starts, connects everywhere, and then finds it has nowhere to listen.
+    listening = listen_socket(host, port)
     for name in ("uvicorn.error", "uvicorn.access"):  # startup line and one line a request
         logging.getLogger(name).setLevel(logging.INFO)
     logging.getLogger("uvicorn.access").addFilter(short_paths)
@@ -383,7 +406,7 @@ def serve(
         )
     )
     config = uvicorn.Config(
-        create_app(settings, graphs=graphs),
+        create_app(settings, graphs=graphs, cors=cors, model=model),
         host=host,
         port=port,
         # httptools, as the guard in front of it parses with (the same requests for both).
@@ -391,4 +414,19 @@ def serve(
         log_config=None,  # configure_logging's handler and format
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,  # then streams are cut, local runs cancelled
     )
-    uvicorn.Server(config).run()
+    with listening:
+        uvicorn.Server(config).run(sockets=[listening])
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host:port`` (``SO_REUSEADDR``, as uvicorn binds).
+
+    Raises:
+        ConfigError: the address cannot be listened on (in use, not this host's).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from None

@@ -9,6 +9,7 @@ carries no valid token costs the server a few header comparisons and nothing mor
                            --> Content-Length over the body limit -------> 413
     body, chunk by chunk   --> more bytes than the body limit -----------> 413 (reading stops)
                            --> not all in within the body timeout -------> 408 (reading stops)
+                           --> declared neither JSON nor text -----------> 415
     the app                <-- the body, replayed; the tenant in scope["state"]["tenant"]
 
 The body is read by the middleware only after the token is checked, and only up to
@@ -18,6 +19,11 @@ its ``Content-Length`` says, and one that has not sent all of it within
 its own, before the request reaches this middleware:
 :mod:`orchestrator.server.connections`.) Error responses carry ``Connection: close``, so an unread
 body never reaches the next request on the connection.
+
+Every body is JSON. One declared as text (``text/plain``, what a browser's ``fetch`` sends
+for a string body, and so what Agent Chat UI's proxy sends) or not declared at all reaches
+the app declared as JSON, as LangGraph's server reads it; a form or any other media type
+is a 415.
 """
 
 from __future__ import annotations
@@ -110,6 +116,17 @@ class Guard:
         if body is None:
             await _refuse(send, 413, f"request body larger than {self._max_body} bytes")
             return
+        if body:
+            declared_json = as_json(raw_headers)
+            if declared_json is None:
+                await _refuse(
+                    send,
+                    415,
+                    f"request body of type {headers['content-type'][:100]!r}: send JSON "
+                    "(Content-Type: application/json)",
+                )
+                return
+            scope["headers"] = declared_json
         await self._app(scope, _replay(body, receive), send)
 
     def _tenant(self, path: str, headers: dict[str, str]) -> str | None:
@@ -132,6 +149,20 @@ class Guard:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+def as_json(raw_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]] | None:
+    """``raw_headers`` with a body declared as JSON, if it is JSON, text or undeclared;
+    ``None`` for any other media type."""
+    declared = [v for name, v in raw_headers if name.lower() == b"content-type"]
+    media = declared[0].split(b";")[0].strip().lower() if declared else b""
+    kind, _, subtype = media.partition(b"/")
+    if kind == b"application" and (subtype == b"json" or subtype.endswith(b"+json")):
+        return raw_headers
+    if media and kind != b"text":
+        return None
+    rest = [(name, v) for name, v in raw_headers if name.lower() != b"content-type"]
+    return [*rest, (b"content-type", b"application/json")]
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

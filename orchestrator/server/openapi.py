@@ -4,8 +4,8 @@ FastAPI documents the 200 of each route and a 422 whose ``detail`` is a list; th
 service's 422 ``detail`` is one line naming every bad field (what the SDK's error shows),
 with the list under ``errors``, and its routes also answer 401, 404, 409, 413, 429, 503.
 The response sets here are what the routes declare; :func:`install` rewrites the
-validation error's schema and puts the guard's refusals (401, 413, 414, 431) on every
-protected operation.
+validation error's schema and puts the guard's refusals (401, 413, 414, 431; 415 where
+there is a body) on every protected operation.
 """
 
 from __future__ import annotations
@@ -92,6 +92,7 @@ def install(app: FastAPI) -> None:
                     refusals = dict(_GUARD)
                     if "requestBody" in operation:
                         refusals["400"] = "Body not text FastAPI can parse"
+                        refusals["415"] = "Body declared neither JSON nor text"
                     for code, text in refusals.items():
                         operation["responses"].setdefault(
                             code,

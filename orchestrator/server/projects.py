@@ -15,8 +15,10 @@ project runs under either server:
   A relative ``TOOLFLEET_CONFIG`` there is relative to the file that sets it; with none
   set, the tool policy is ``config/toolfleet.toml`` beside the project file, if any.
 
-Other keys (``python_version``, ``dockerfile_lines``, ``http``, ...) concern LangGraph's
-own build and platform, and are ignored.
+* ``http.cors``: which browser pages may call the server (:mod:`orchestrator.server.cors`).
+
+Other keys (``python_version``, ``dockerfile_lines``, the rest of ``http``, ...) concern
+LangGraph's own build and platform, and are ignored.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from langgraph.graph import StateGraph
 from langgraph.pregel import Pregel
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from orchestrator.server.cors import CorsPolicy
 from tool_workers.contract.errors import ConfigError
 from tool_workers.contract.settings import DEFAULT_CONFIG_PATH
 
@@ -47,11 +50,17 @@ class _GraphEntry(BaseModel):
     description: str | None = None
 
 
+class _HttpConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    cors: CorsPolicy | None = None
+
+
 class _ProjectFile(BaseModel):
     model_config = ConfigDict(extra="ignore")
     graphs: dict[str, str | _GraphEntry]
     dependencies: list[str] = []
     env: str | dict[str, str] | None = None
+    http: _HttpConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,8 @@ class Project:
     """Folders put first on the import path."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Environment variables of the project (from its file or mapping)."""
+    cors: CorsPolicy | None = None
+    """``http.cors``: which browser pages may call the server."""
 
     def apply_env(self) -> None:
         """Set the project's environment variables the process does not set already.
@@ -148,7 +159,8 @@ def read_project(path: str | Path) -> Project:
     dependencies = tuple(
         (base / dep).resolve() for dep in parsed.dependencies if dep.startswith((".", "/"))
     )
-    return Project(path, graphs, dependencies, _env(parsed.env, base, path))
+    cors = parsed.http.cors if parsed.http is not None else None
+    return Project(path, graphs, dependencies, _env(parsed.env, base, path), cors)
 
 
 def _env(value: str | dict[str, str] | None, base: Path, path: Path) -> dict[str, str]:

@@ -304,6 +304,14 @@ class RunCreate(RequestBody):
             self.durability = "async" if self.checkpoint_during else "exit"
         return self
 
+    @model_validator(mode="after")
+    def _empty_input_beside_command(self) -> RunCreate:
+        # Agent Chat UI resumes with {"input": {}, "command": ...}; LangGraph's server
+        # reads the empty input as none. One with content beside a command stays a 422.
+        if self.command is not None and self.input == {}:
+            self.input = None
+        return self
+
 
 class StateUpdate(RequestBody):
     """One update of a superstep: values written as node ``as_node``, or a command."""

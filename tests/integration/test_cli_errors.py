@@ -235,3 +235,63 @@ def test_a_wait_says_what_it_waits_for_and_ctrl_c_exits_130(tmp_path: Path, redi
     assert "waiting up to 30 s for workers" in out + err, out + err
     assert process.returncode == 130, out + err
     assert "Traceback" not in out + err
+
+
+BAD_PORT = f"redis://:{PASSWORD}@127.0.0.1:63x1/0"
+"""A broker URL whose port is no number (a typo a user makes)."""
+
+
+@pytest.mark.parametrize("command", [["status"], ["serve", "--no-auth"]])
+def test_a_broker_url_with_a_malformed_port_is_one_line(tmp_path: Path, command: list[str]) -> None:
+    """Given a broker URL whose port is not a number, when a command starts, then it
+    names the setting and the port in a line, never the password, and exits with 2."""
+    result = _toolfleet(*command, cwd=tmp_path, TOOLFLEET_BROKER_URL=BAD_PORT)
+
+    _assert_short_error(result, "TOOLFLEET_BROKER_URL", "63x1")
+    assert result.returncode == 2
+    assert PASSWORD not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("model", "needle"),
+    [("nosuchmod:thing", "nosuchmod"), ("openai:gpt-4o-mini", "langchain-openai")],
+    ids=["unknown-provider", "provider-not-installed"],
+)
+def test_serve_with_a_model_that_cannot_be_made_is_one_line(
+    tmp_path: Path, model: str, needle: str
+) -> None:
+    """Given a model spec that leads to no chat model, when `toolfleet serve` starts,
+    then it says so in a line before connecting anywhere, as `toolfleet run` does."""
+    result = _toolfleet(
+        "serve",
+        "--no-auth",
+        cwd=tmp_path,
+        TOOLFLEET_MODEL=model,
+        TOOLFLEET_BROKER_URL=f"redis://127.0.0.1:{_closed_port()}/0",
+    )
+
+    _assert_short_error(result, needle)
+    assert result.returncode == 2
+
+
+def test_serve_on_a_port_in_use_is_one_line_and_exits(tmp_path: Path, redis_url: str) -> None:
+    """Given a port another process listens on, when `toolfleet serve` is asked to listen
+    there, then it says so in a line and exits with 2 before it starts anything."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _toolfleet(
+            "serve",
+            "--no-auth",
+            "--port",
+            str(port),
+            cwd=tmp_path,
+            TOOLFLEET_BROKER_URL=redis_url,
+            TOOLFLEET_NAMESPACE=f"tft-port-{os.getpid()}",
+            TOOLFLEET_CHECKPOINT_PATH=str(tmp_path / "checkpoints.sqlite"),
+        )
+
+    _assert_short_error(result, f"127.0.0.1:{port}", "in use")
+    assert result.returncode == 2
+    assert "Application startup" not in result.stdout + result.stderr

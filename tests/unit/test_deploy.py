@@ -294,6 +294,7 @@ def test_every_setting_reaches_the_services_and_is_documented() -> None:
         "TOOLFLEET_WEBHOOK_SECRET",
         "TOOLFLEET_WEBHOOK_TIMEOUT",
         "TOOLFLEET_WEBHOOK_ATTEMPTS",
+        "TOOLFLEET_CORS_ORIGINS",
     }
     example = env_example()
 

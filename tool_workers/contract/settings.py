@@ -21,6 +21,7 @@ import os
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -281,6 +282,9 @@ class Settings(BaseSettings):
     api_tokens: Annotated[tuple[str, ...], NoDecode] = Field(default=(), repr=False, exclude=True)
     """Comma-separated bearer tokens the HTTP service (``toolfleet serve``) accepts, each
     bare (a tenant of its own) or as ``tenant:token`` (tokens sharing a named tenant)."""
+    cors_origins: Annotated[tuple[str, ...], NoDecode] = ()
+    """Comma-separated origins of the web pages that may call the HTTP service from a
+    browser (``http://localhost:3000``; ``*``: any); none by default."""
     max_body_bytes: int = Field(default=4_194_304, gt=0)
     """Largest request body the HTTP service reads; larger ones are refused with 413."""
     redis_pool_size: int = Field(default=50, gt=0)
@@ -373,7 +377,9 @@ class Settings(BaseSettings):
             raise ValueError("lease_refresh must be below lease_ttl")
         return self
 
-    @field_validator("tool_modules", "api_tokens", "webhook_allowed_hosts", mode="before")
+    @field_validator(
+        "tool_modules", "api_tokens", "webhook_allowed_hosts", "cors_origins", mode="before"
+    )
     @classmethod
     def _split_modules(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -394,6 +400,13 @@ class Settings(BaseSettings):
                 f"{shown} is not one toolfleet speaks: use "
                 + ", ".join(f"{s}://" for s in sorted(allowed))
             )
+        # Said here, not as a traceback of the first connection. A Sentinel or cluster
+        # URL names several hosts, ';'-separated.
+        for part in value.split(";"):
+            try:
+                _ = urlsplit(part).port
+            except ValueError as exc:
+                raise ValueError(f"not a valid URL: {exc}") from None
         return value
 
     @model_validator(mode="after")
