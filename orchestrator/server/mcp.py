@@ -11,8 +11,10 @@ as LangGraph's server offers them: named after the assistant (spaces as ``_``, o
 characters MCP refuses dropped; a name already taken is skipped with a warning), the
 graph's input schema with message lists as one string, and a call running the assistant
 on a new thread (``POST /runs/wait``), answered with the Python ``repr`` of the final
-values, or ``isError`` with the run's error. The assistants are read through the service's
-own routes, in-process, with the caller's credentials, so they are the tenant's alone.
+values, or ``isError`` with the run's error. A name that is neither is a JSON-RPC
+invalid-params error (``Unknown tool: ...``), as on LangGraph's server. The assistants
+are read through the service's own routes, in-process, with the caller's credentials,
+so they are the tenant's alone.
 
 The ``mcp`` package is imported at the first request: without the ``mcp`` extra,
 ``/mcp`` answers 501 saying what to install.
@@ -20,6 +22,7 @@ The ``mcp`` package is imported at the first request: without the ``mcp`` extra,
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable
@@ -55,6 +58,8 @@ _SUPPORT_TYPES = {
     "OutputTokenDetails",
 }
 _CREDENTIALS = ("authorization", "x-api-key")
+PARSE_ERROR = -32700
+"""JSON-RPC's code for a body that is not JSON (the ``mcp`` package may be missing)."""
 
 
 def tool_name(assistant_name: str) -> str:
@@ -149,9 +154,10 @@ class ServiceSource:
         progress: Callable[[Any], None] | None,
         request: Any,
     ) -> Any:
-        from mcp.types import CallToolResult
+        from mcp.types import INVALID_PARAMS, CallToolResult
 
         from orchestrator.mcp.results import error_result, text
+        from tool_workers.compat.mcp import error
 
         fleet = self._fleet_tools()
         if await fleet.has(name):
@@ -164,8 +170,11 @@ class ServiceSource:
                 if tool_name(a["name"]) == name
             ]
             if len(found) != 1:
-                return error_result(
-                    f"Unknown tool: {name}" if not found else "Multiple tools with this name."
+                raise error(
+                    INVALID_PARAMS,
+                    f"Unknown tool: {name}"
+                    if not found
+                    else "Multiple tools found with the same name.",
                 )
             answer = await client.post(
                 "/runs/wait",
@@ -196,9 +205,8 @@ class McpEndpoint:
             await Response(status_code=405, headers={"Allow": "POST"})(scope, receive, send)
             return
         try:
-            from mcp.server.streamable_http import StreamableHTTPServerTransport
-
             from orchestrator.mcp.server import build_server
+            from tool_workers.compat.mcp import stateless_http
         except ImportError as exc:
             missing = JSONResponse(
                 {"error": f"/mcp needs the mcp extra: pip install 'toolfleet[mcp]' ({exc})"},
@@ -206,24 +214,58 @@ class McpEndpoint:
             )
             await missing(scope, receive, send)
             return
+        if scope["method"] == "POST":
+            body = await _body(receive)
+            refused = _refusal(body)
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
+            receive = _replay(body)
         if self._server is None:
             self._server = build_server(ServiceSource(scope["app"]))
-        server = self._server
-        transport = StreamableHTTPServerTransport(
-            mcp_session_id=None, is_json_response_enabled=False
-        )
+        manager = stateless_http(self._server)
+        async with manager.run():
+            await manager.handle_request(scope, receive, send)
 
-        async def run(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-            async with transport.connect() as (read, write):
-                task_status.started()
-                await server.run(
-                    read, write, server.create_initialization_options(), stateless=True
-                )
 
-        async with anyio.create_task_group() as group:
-            await group.start(run)
-            await transport.handle_request(scope, receive, send)
-            await transport.terminate()
+async def _body(receive: Receive) -> bytes:
+    # The service's guard has bounded the body's size already.
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes) -> Receive:
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    return receive
+
+
+def _refusal(body: bytes) -> Response | None:
+    """A 400 for a body nested past what a JSON parser takes (which the SDK's transport
+    would answer with a 500); anything else is the transport's to judge."""
+    try:
+        json.loads(body)
+    except RecursionError:
+        error = {"code": PARSE_ERROR, "message": "Parse error: JSON nested too deeply"}
+        return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, status_code=400)
+    except ValueError:
+        pass
+    return None
 
 
 def install(app: FastAPI) -> None:
