@@ -25,6 +25,7 @@ from importlib.metadata import version
 from typing import Any
 
 import mcp
+import mcp.client.streamable_http
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
