@@ -28,12 +28,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import anyio
 import httpx
 from fastapi import FastAPI
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
+
+from orchestrator.jsonvalue import surrogate_at
 
 log = logging.getLogger("toolfleet.server")
 
@@ -58,8 +59,8 @@ _SUPPORT_TYPES = {
     "OutputTokenDetails",
 }
 _CREDENTIALS = ("authorization", "x-api-key")
-PARSE_ERROR = -32700
-"""JSON-RPC's code for a body that is not JSON (the ``mcp`` package may be missing)."""
+PARSE_ERROR, INVALID_PARAMS = -32700, -32602
+"""JSON-RPC's codes (here, where the ``mcp`` package may be missing)."""
 
 
 def tool_name(assistant_name: str) -> str:
@@ -220,7 +221,7 @@ class McpEndpoint:
             if refused is not None:
                 await refused(scope, receive, send)
                 return
-            receive = _replay(body)
+            receive = _replay(body, receive)
         if self._server is None:
             self._server = build_server(ServiceSource(scope["app"]))
         manager = stateless_http(self._server)
@@ -241,31 +242,45 @@ async def _body(receive: Receive) -> bytes:
     return b"".join(chunks)
 
 
-def _replay(body: bytes) -> Receive:
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` with the body read already given again first; after it, the client's
+    own messages (its disconnect cancels the call)."""
     sent = False
 
-    async def receive() -> dict[str, Any]:
+    async def replayed() -> Any:
         nonlocal sent
         if not sent:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
-        await anyio.sleep_forever()
-        raise AssertionError("unreachable")
+        return await receive()
 
-    return receive
+    return replayed
 
 
 def _refusal(body: bytes) -> Response | None:
     """A 400 for a body nested past what a JSON parser takes (which the SDK's transport
-    would answer with a 500); anything else is the transport's to judge."""
+    would answer with a 500), or holding a lone surrogate (JSON's ``"\\ud800"``, which
+    no encoder downstream writes; the SDKs disagree on it), the same under every ``mcp``
+    major; anything else is the transport's to judge."""
     try:
-        json.loads(body)
+        message = json.loads(body)
     except RecursionError:
-        error = {"code": PARSE_ERROR, "message": "Parse error: JSON nested too deeply"}
-        return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, status_code=400)
+        return _rpc_error(None, PARSE_ERROR, "Parse error: JSON nested too deeply")
     except ValueError:
-        pass
-    return None
+        return None
+    where = surrogate_at(message)
+    if where is None:
+        return None
+    rpc_id = message.get("id") if isinstance(message, dict) else None
+    if not isinstance(rpc_id, str | int) or isinstance(rpc_id, bool):
+        rpc_id = None
+    text = f"Invalid params: string at {where} holds a lone surrogate (not encodable as UTF-8)"
+    return _rpc_error(rpc_id, INVALID_PARAMS, text)
+
+
+def _rpc_error(rpc_id: str | int | None, code: int, message: str) -> Response:
+    error = {"code": code, "message": message}
+    return JSONResponse({"jsonrpc": "2.0", "id": rpc_id, "error": error}, status_code=400)
 
 
 def install(app: FastAPI) -> None:

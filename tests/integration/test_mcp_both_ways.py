@@ -150,17 +150,16 @@ def post(server: ServerProcess, body: str) -> httpx.Response:
 
 def test_a_lone_surrogate_in_arguments_is_invalid_params(served: ServerProcess) -> None:
     """Given ``/mcp``, when a call's arguments hold a lone surrogate (JSON's ``\\ud800``,
-    which no client library encodes, so it is sent raw), then it is refused as invalid
-    params naming where, never run."""
+    which no client library encodes, so it is sent raw), then it is refused with a 400
+    and a JSON-RPC invalid-params error naming where, never run."""
     call = '{"name": "add", "arguments": {"a": 1, "b": 2, "note": "\\ud800"}}'
     answer = post(
         served, '{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": ' + call + "}"
     )
-    events = [line[5:] for line in answer.text.splitlines() if line.startswith("data:")]
-    replies = [json.loads(e) for e in events] or [answer.json()]
-    (reply,) = [r for r in replies if r.get("id") == 7]
-    assert reply["error"]["code"] == INVALID_PARAMS, reply
-    assert "string at note holds a lone surrogate" in reply["error"]["message"]
+    assert answer.status_code == 400, answer.text[:500]
+    reply = answer.json()
+    assert reply["id"] == 7 and reply["error"]["code"] == INVALID_PARAMS, reply
+    assert "string at params.arguments.note holds a lone surrogate" in reply["error"]["message"]
 
 
 def test_a_body_nested_too_deep_is_a_4xx_that_says_so(served: ServerProcess) -> None:

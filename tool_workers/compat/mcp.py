@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any
 
+import anyio
 import mcp
 import mcp.client.streamable_http
 from mcp.client.streamable_http import streamable_http_client
@@ -88,7 +89,11 @@ async def streamable_http(
         import httpx2 as http
     else:
         import httpx as http  # type: ignore[no-redef]
-    client: Any = http.AsyncClient(headers=headers, timeout=http.Timeout(timeout, read=read))
+    # Made off the event loop: a client loads its TLS certificates (and httpx2 imports
+    # its transport, reading package metadata) when it is made, blocking reads both.
+    client: Any = await anyio.to_thread.run_sync(
+        lambda: http.AsyncClient(headers=headers, timeout=http.Timeout(timeout, read=read))
+    )
     async with client, streamable_http_client(url, http_client=client) as streams:
         yield streams[0], streams[1]
 
