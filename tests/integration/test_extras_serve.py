@@ -11,26 +11,23 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.support.serving import ServerProcess, prefork_fleet, start_server
-from tool_workers.contract.settings import Settings
-
-__all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
+from tests.support.fleet import fleet_settings
+from tests.support.serving import ServerProcess, start_server
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
-def served(
-    prefork_fleet: Settings, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    server = start_server(prefork_fleet, tmp_path_factory.mktemp("extras-serve"), "serve")
+def served(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    workdir = tmp_path_factory.mktemp("extras-serve")
+    server = start_server(fleet_settings(redis_url, workdir), workdir, "serve")
     yield server
     server.stop()
 
 
 def test_serve_answers_a_client_with_its_token(served: ServerProcess) -> None:
-    """Given ``toolfleet serve`` and a worker, when a client with the token asks for the
-    assistants, then it answers; without the token it refuses with 401."""
+    """Given ``toolfleet serve`` (no worker needed to answer), when a client with the
+    token asks for the assistants, then it answers; without the token it refuses (401)."""
     headers = {"Authorization": f"Bearer {served.settings.api_tokens[0]}"}
     with httpx.Client(base_url=served.url, headers=headers, timeout=60.0) as client:
         assert client.get("/ok").status_code == 200
