@@ -16,13 +16,14 @@ from typing import Any
 import anyio
 from langchain_core.messages import ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest, ToolRuntime
-from mcp.types import CallToolResult, Tool, ToolAnnotations
+from mcp.types import INVALID_PARAMS, CallToolResult, Tool, ToolAnnotations
 
 from orchestrator.dispatch.base import Dispatcher
 from orchestrator.fairshare import TENANT_KEY
 from orchestrator.mcp.results import call_result, error_result
 from orchestrator.middleware import CeleryToolMiddleware
 from orchestrator.tools import RemoteTool
+from tool_workers.compat.mcp import error
 from tool_workers.contract.errors import ToolfleetError
 from tool_workers.contract.models import ToolSpec
 
@@ -55,7 +56,9 @@ class FleetTools:
         progress: Callable[[Any], None] | None = None,
         tenant: str | None = None,
     ) -> CallToolResult:
-        """Run one call on the fleet and return its result (a tool's failure: ``isError``).
+        """Run one call on the fleet and return its result (a tool's failure: ``isError``;
+        a name no live worker serves: a JSON-RPC invalid-params error, as LangGraph's
+        server answers an unknown tool).
 
         Args:
             name: The tool.
@@ -66,7 +69,7 @@ class FleetTools:
         served = await self._dispatcher.served_tools_async()
         spec = served.get(name)
         if spec is None:
-            return error_result(f"Error: {name} is not a tool the fleet serves now.")
+            raise error(INVALID_PARAMS, f"Unknown tool: {name}")
         call_id = f"mcp-{uuid.uuid4().hex}"
         config: dict[str, Any] = {"configurable": {TENANT_KEY: tenant}} if tenant else {}
         state: dict[str, Any] = {"messages": []}

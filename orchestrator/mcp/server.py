@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator, Callable
 from importlib.metadata import version
 from typing import Any, Protocol
 
-from mcp.server.lowlevel import Server
-from mcp.types import CallToolResult, Tool
+from mcp.types import INVALID_PARAMS, CallToolResult, Tool
 
+from orchestrator.jsonvalue import check_encodable
 from orchestrator.mcp.fleet import FleetTools
 from orchestrator.mcp.results import ProgressRelay
+from tool_workers.compat.mcp import RequestContext, error, lowlevel_server
 from tool_workers.contract.settings import Settings
 
 
@@ -41,23 +42,31 @@ class ToolSource(Protocol):
         ...
 
 
-def build_server(source: ToolSource) -> Server[Any, Any]:
-    """An MCP server offering ``source``'s tools."""
-    server: Server[Any, Any] = Server("toolfleet", version=version("toolfleet"))
+def build_server(source: ToolSource) -> Any:
+    """An MCP server (the SDK's low-level ``Server``) offering ``source``'s tools.
 
-    @server.list_tools()  # type: ignore[no-untyped-call,untyped-decorator]
-    async def list_tools() -> list[Tool]:
-        return await source.tools(server.request_context.request)
+    A call's arguments are checked against the tool's schema where the tool runs (the
+    worker's model); here only that they are JSON every part of the fleet can carry
+    (:func:`~orchestrator.jsonvalue.check_encodable`), or the call is answered with a
+    JSON-RPC invalid-params error. ``source.call`` may raise
+    :func:`tool_workers.compat.mcp.error`'s exception to answer with a JSON-RPC error.
+    """
 
-    # Arguments are checked against the schema where the tool runs (the worker's model).
-    @server.call_tool(validate_input=False)  # type: ignore[untyped-decorator]
-    async def call_tool(name: str, arguments: dict[str, Any]) -> CallToolResult:
-        context = server.request_context
-        token = context.meta.progressToken if context.meta is not None else None
+    async def list_tools(context: RequestContext) -> list[Tool]:
+        return await source.tools(context.request)
+
+    async def call_tool(
+        context: RequestContext, name: str, arguments: dict[str, Any]
+    ) -> CallToolResult:
+        try:
+            check_encodable(arguments)
+        except ValueError as exc:
+            raise error(INVALID_PARAMS, f"Invalid arguments for tool {name}: {exc}") from None
+        token = context.progress_token
         async with _relay(context.session, token, context.request_id) as progress:
             return await source.call(name, arguments, progress, context.request)
 
-    return server
+    return lowlevel_server("toolfleet", version("toolfleet"), list_tools, call_tool)
 
 
 @contextlib.asynccontextmanager

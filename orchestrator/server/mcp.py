@@ -11,8 +11,10 @@ as LangGraph's server offers them: named after the assistant (spaces as ``_``, o
 characters MCP refuses dropped; a name already taken is skipped with a warning), the
 graph's input schema with message lists as one string, and a call running the assistant
 on a new thread (``POST /runs/wait``), answered with the Python ``repr`` of the final
-values, or ``isError`` with the run's error. The assistants are read through the service's
-own routes, in-process, with the caller's credentials, so they are the tenant's alone.
+values, or ``isError`` with the run's error. A name that is neither is a JSON-RPC
+invalid-params error (``Unknown tool: ...``), as on LangGraph's server. The assistants
+are read through the service's own routes, in-process, with the caller's credentials,
+so they are the tenant's alone.
 
 The ``mcp`` package is imported at the first request: without the ``mcp`` extra,
 ``/mcp`` answers 501 saying what to install.
@@ -20,17 +22,19 @@ The ``mcp`` package is imported at the first request: without the ``mcp`` extra,
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable
 from typing import Any
 
-import anyio
 import httpx
 from fastapi import FastAPI
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
+
+from orchestrator.jsonvalue import surrogate_at
 
 log = logging.getLogger("toolfleet.server")
 
@@ -55,6 +59,8 @@ _SUPPORT_TYPES = {
     "OutputTokenDetails",
 }
 _CREDENTIALS = ("authorization", "x-api-key")
+PARSE_ERROR, INVALID_PARAMS = -32700, -32602
+"""JSON-RPC's codes (here, where the ``mcp`` package may be missing)."""
 
 
 def tool_name(assistant_name: str) -> str:
@@ -149,9 +155,10 @@ class ServiceSource:
         progress: Callable[[Any], None] | None,
         request: Any,
     ) -> Any:
-        from mcp.types import CallToolResult
+        from mcp.types import INVALID_PARAMS, CallToolResult
 
         from orchestrator.mcp.results import error_result, text
+        from tool_workers.compat.mcp import error
 
         fleet = self._fleet_tools()
         if await fleet.has(name):
@@ -164,8 +171,11 @@ class ServiceSource:
                 if tool_name(a["name"]) == name
             ]
             if len(found) != 1:
-                return error_result(
-                    f"Unknown tool: {name}" if not found else "Multiple tools with this name."
+                raise error(
+                    INVALID_PARAMS,
+                    f"Unknown tool: {name}"
+                    if not found
+                    else "Multiple tools found with the same name.",
                 )
             answer = await client.post(
                 "/runs/wait",
@@ -196,9 +206,8 @@ class McpEndpoint:
             await Response(status_code=405, headers={"Allow": "POST"})(scope, receive, send)
             return
         try:
-            from mcp.server.streamable_http import StreamableHTTPServerTransport
-
             from orchestrator.mcp.server import build_server
+            from tool_workers.compat.mcp import stateless_http
         except ImportError as exc:
             missing = JSONResponse(
                 {"error": f"/mcp needs the mcp extra: pip install 'toolfleet[mcp]' ({exc})"},
@@ -206,24 +215,72 @@ class McpEndpoint:
             )
             await missing(scope, receive, send)
             return
+        if scope["method"] == "POST":
+            body = await _body(receive)
+            refused = _refusal(body)
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
+            receive = _replay(body, receive)
         if self._server is None:
             self._server = build_server(ServiceSource(scope["app"]))
-        server = self._server
-        transport = StreamableHTTPServerTransport(
-            mcp_session_id=None, is_json_response_enabled=False
-        )
+        manager = stateless_http(self._server)
+        async with manager.run():
+            await manager.handle_request(scope, receive, send)
 
-        async def run(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-            async with transport.connect() as (read, write):
-                task_status.started()
-                await server.run(
-                    read, write, server.create_initialization_options(), stateless=True
-                )
 
-        async with anyio.create_task_group() as group:
-            await group.start(run)
-            await transport.handle_request(scope, receive, send)
-            await transport.terminate()
+async def _body(receive: Receive) -> bytes:
+    # The service's guard has bounded the body's size already.
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` with the body read already given again first; after it, the client's
+    own messages (its disconnect cancels the call)."""
+    sent = False
+
+    async def replayed() -> Any:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+def _refusal(body: bytes) -> Response | None:
+    """A 400 for a body nested past what a JSON parser takes (which the SDK's transport
+    would answer with a 500), or holding a lone surrogate (JSON's ``"\\ud800"``, which
+    no encoder downstream writes; the SDKs disagree on it), the same under every ``mcp``
+    major; anything else is the transport's to judge."""
+    try:
+        message = json.loads(body)
+    except RecursionError:
+        return _rpc_error(None, PARSE_ERROR, "Parse error: JSON nested too deeply")
+    except ValueError:
+        return None
+    where = surrogate_at(message)
+    if where is None:
+        return None
+    rpc_id = message.get("id") if isinstance(message, dict) else None
+    if not isinstance(rpc_id, str | int) or isinstance(rpc_id, bool):
+        rpc_id = None
+    text = f"Invalid params: string at {where} holds a lone surrogate (not encodable as UTF-8)"
+    return _rpc_error(rpc_id, INVALID_PARAMS, text)
+
+
+def _rpc_error(rpc_id: str | int | None, code: int, message: str) -> Response:
+    error = {"code": code, "message": message}
+    return JSONResponse({"jsonrpc": "2.0", "id": rpc_id, "error": error}, status_code=400)
 
 
 def install(app: FastAPI) -> None:

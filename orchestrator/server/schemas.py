@@ -25,6 +25,12 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.jsonvalue import INT_MAX as _INT_MAX
+from orchestrator.jsonvalue import INT_MIN as _INT_MIN
+from orchestrator.jsonvalue import MAX_DEPTH as MAX_DEPTH
+from orchestrator.jsonvalue import check_json as _check_json
+from orchestrator.jsonvalue import surrogate_at as _surrogate_at
+
 StreamMode = Literal[
     "values",
     "updates",
@@ -89,35 +95,8 @@ NewThreadId = Annotated[ThreadId, AfterValidator(_one_segment)]
 """A thread id in the path of a request that may create the thread."""
 
 
-MAX_DEPTH = 64
-"""Deepest nesting of objects and lists accepted in a client's JSON value."""
-
-_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
-"""Integers JSON encoders and the checkpointers carry (64 bits)."""
-
 MAX_SECONDS = 86_400.0
 """Longest ``after_seconds`` delay of a run: a day."""
-
-
-def _check_json(value: Any) -> Any:
-    """Refuse what the encoders and checkpointers cannot store: nesting deeper than
-    :data:`MAX_DEPTH`, integers beyond 64 bits, non-finite floats. The error names the
-    path inside the field."""
-    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
-    while stack:
-        item, path, depth = stack.pop()
-        if isinstance(item, dict | list):
-            if depth >= MAX_DEPTH:
-                raise ValueError(f"nested deeper than {MAX_DEPTH} levels at {path or '.'}")
-            pairs = item.items() if isinstance(item, dict) else enumerate(item)
-            stack.extend((v, f"{path}.{k}"[:200], depth + 1) for k, v in pairs)
-        elif isinstance(item, bool):
-            continue
-        elif isinstance(item, int | float) and not _INT_MIN <= item <= _INT_MAX:
-            # Integers and floats alike (NaN fails the comparison): one rule, and one
-            # the OpenAPI document can state.
-            raise ValueError(f"number beyond the 64-bit range at {path or '.'}")
-    return value
 
 
 JSON_VALUE_REF = "#/components/schemas/JsonValue"
@@ -156,26 +135,6 @@ def _check_filter_keys(value: dict[str, Any] | None) -> dict[str, Any] | None:
         if not re.fullmatch(_FILTER_KEY, key):
             raise ValueError(f"filter key {key[:40]!r} is not 1-128 letters, digits, '_', '.', '-'")
     return value
-
-
-def _surrogate_at(value: Any) -> str | None:
-    """Where in ``value`` (parsed JSON) a string or key holds a lone surrogate, which no
-    UTF-8 encoder (orjson, Redis, the checkpointers) can write; ``None``: nowhere."""
-    stack: list[tuple[Any, str]] = [(value, "")]
-    while stack:
-        item, path = stack.pop()
-        if isinstance(item, str):
-            if not item.isascii() and any("\ud800" <= c <= "\udfff" for c in item):
-                return path or "."
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                label = f"{path}.{key}" if path else str(key)
-                if isinstance(key, str) and _surrogate_at(key) is not None:
-                    return label.encode("utf-8", "backslashreplace").decode()[:200]
-                stack.append((child, label[:200]))
-        elif isinstance(item, list):
-            stack.extend((child, f"{path}.{i}"[:200]) for i, child in enumerate(item))
-    return None
 
 
 class RequestBody(BaseModel):

@@ -58,7 +58,8 @@ def test_an_mcp_client_lists_and_calls_the_fleets_tools_over_stdio(
 ) -> None:
     """Given the shared fleet, when the ``mcp`` client starts ``toolfleet mcp`` and lists
     its tools, then the fleet's tools are there with their schemas; when it calls them,
-    then the answers are the workers': text, a failure as ``isError``, and progress
+    then the answers are the workers': text, a failure as ``isError`` (an unknown name
+    a JSON-RPC error), and progress
     events as progress notifications."""
 
     async def scenario() -> None:
@@ -71,8 +72,8 @@ def test_an_mcp_client_lists_and_calls_the_fleets_tools_over_stdio(
             assert texts(added) == ["42"] and not added.isError
             failed = await session.call_tool("boom", {"reason": "on purpose"})
             assert failed.isError and "on purpose" in texts(failed)[0]
-            unknown = await session.call_tool("no_such_tool", {})
-            assert unknown.isError
+            with pytest.raises(McpError, match="Unknown tool: no_such_tool"):
+                await session.call_tool("no_such_tool", {})
 
             seen: list[tuple[float, str | None]] = []
 

@@ -1,4 +1,5 @@
-"""A real MCP server for the tests, written with the ``mcp`` SDK (FastMCP).
+"""A real MCP server for the tests, written with the ``mcp`` SDK's high-level server
+(``FastMCP`` in 1.x, ``MCPServer`` in 2.x: the same decorators, run by transport name).
 
 ``python -m tests.support.mcp_server stdio`` serves it on stdin/stdout;
 ``python -m tests.support.mcp_server http PORT`` on ``http://127.0.0.1:PORT/mcp``.
@@ -12,15 +13,24 @@ import asyncio
 import base64
 import os
 import sys
+from typing import Any
 
-from mcp.server.fastmcp import Context, FastMCP
 from mcp.types import ImageContent, TextContent, ToolAnnotations
+
+from tool_workers.compat.mcp import MAJOR
+
+if MAJOR >= 2:
+    from mcp.server.mcpserver import Context
+    from mcp.server.mcpserver import MCPServer as FastMCP
+else:
+    from mcp.server.fastmcp import Context, FastMCP
 
 PIXEL = base64.b64encode(b"\x89PNG\r\n\x1a\n-not-really-a-png").decode()
 
 
-def build(name: str = "tf-test", port: int = 0) -> FastMCP:
-    server = FastMCP(name, host="127.0.0.1", port=port)
+def build(name: str = "tf-test", port: int = 0) -> Any:
+    # 1.x takes the address when it is made, 2.x when it runs (see main).
+    server: Any = FastMCP(name) if MAJOR >= 2 else FastMCP(name, host="127.0.0.1", port=port)
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
     def add(a: int, b: int) -> int:
@@ -76,6 +86,8 @@ def main(argv: list[str]) -> None:
     transport = argv[0] if argv else "stdio"
     if transport == "stdio":
         build().run("stdio")
+    elif MAJOR >= 2:
+        build().run("streamable-http", host="127.0.0.1", port=int(argv[1]))
     else:
         build(port=int(argv[1])).run("streamable-http")
 

@@ -226,3 +226,20 @@ def test_given_get_tools_raising_when_loaded_then_tool_load_error(
 
     with pytest.raises(ToolLoadError, match="no credentials"):
         load_tools(Settings(tool_modules=("failing_factory",)))
+
+
+def test_given_mcp_support_that_does_not_import_when_loaded_then_one_clear_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given MCP servers configured and the MCP support failing at import (an ``mcp``
+    release whose names differ), when the tools are loaded, then a ToolLoadError names
+    the real ImportError: an ImportError reaching Celery's ``-A tool_workers`` would be
+    reported as ``Module 'tool_workers' has no attribute 'celery'``."""
+    monkeypatch.setitem(sys.modules, "tool_workers.mcp.tools", None)
+    servers = '{"mcpServers": {"s": {"command": "true"}}}'
+    settings = Settings(tool_modules=(), mcp_servers=servers)
+    with pytest.raises(ToolLoadError) as caught:
+        load_tools(settings)
+    message = str(caught.value)
+    assert "TOOLFLEET_MCP_SERVERS" in message and "halted; None in sys.modules" in message
+    assert "\n" not in message

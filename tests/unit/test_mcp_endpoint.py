@@ -29,7 +29,7 @@ def call(method: str) -> tuple[int, dict[str, str], bytes]:
 
 
 def test_without_the_mcp_extra_mcp_answers_501_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "mcp.server.streamable_http", None)
+    monkeypatch.setitem(sys.modules, "tool_workers.compat.mcp", None)
     status, _, body = call("POST")
     assert status == 501
     assert "pip install 'toolfleet[mcp]'" in json.loads(body)["error"]

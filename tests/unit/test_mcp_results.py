@@ -6,6 +6,7 @@ from langchain_core.messages import ToolMessage
 from mcp.types import ImageContent, ResourceLink, TextContent
 
 from orchestrator.mcp.results import call_result
+from tool_workers.compat.mcp import wire
 
 
 def test_text_blocks_and_structured_content_cross_as_mcp_content() -> None:
@@ -23,12 +24,13 @@ def test_text_blocks_and_structured_content_cross_as_mcp_content() -> None:
 
     first, image, link = result.content
     assert isinstance(first, TextContent) and first.text == "a pixel"
-    assert isinstance(image, ImageContent) and image.mimeType == "image/png"
+    assert isinstance(image, ImageContent) and wire(image)["mimeType"] == "image/png"
     assert isinstance(link, ResourceLink) and link.name == "report.pdf"
-    assert result.structuredContent == {"n": 1} and not result.isError
+    fields = wire(result)  # the protocol's names, under every mcp major
+    assert fields["structuredContent"] == {"n": 1} and not fields.get("isError")
 
 
 def test_an_error_tool_message_is_an_error_result() -> None:
     result = call_result(ToolMessage(content="Error: no", status="error", tool_call_id="c1"))
-    assert result.isError
+    assert wire(result)["isError"]
     assert isinstance(result.content[0], TextContent) and result.content[0].text == "Error: no"

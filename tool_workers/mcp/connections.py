@@ -20,12 +20,11 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
-import httpx
-from mcp import ClientSession, McpError, StdioServerParameters
+from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.types import CONNECTION_CLOSED, CallToolResult, Tool
+from mcp.types import CONNECTION_CLOSED, CallToolResult, PaginatedRequestParams, Tool
 
+from tool_workers.compat.mcp import McpError, error_data, streamable_http, wire
 from tool_workers.mcp.servers import ServerConfig
 
 log = logging.getLogger("toolfleet.mcp")
@@ -52,11 +51,8 @@ async def open_session(config: ServerConfig) -> AsyncIterator[ClientSession]:
             read, write = await stack.enter_async_context(stdio_client(params))
         else:
             assert config.url is not None
-            client = await stack.enter_async_context(
-                httpx.AsyncClient(headers=config.headers, timeout=httpx.Timeout(30.0, read=300.0))
-            )
-            read, write, _ = await stack.enter_async_context(
-                streamable_http_client(config.url, http_client=client)
+            read, write = await stack.enter_async_context(
+                streamable_http(config.url, config.headers, timeout=30.0, read=300.0)
             )
         session = await stack.enter_async_context(ClientSession(read, write))
         await asyncio.wait_for(session.initialize(), START_TIMEOUT)
@@ -69,9 +65,10 @@ async def list_tools(config: ServerConfig) -> list[Tool]:
         tools: list[Tool] = []
         cursor: str | None = None
         while True:
-            page = await session.list_tools(cursor=cursor)
+            params = PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await session.list_tools(params=params)
             tools.extend(page.tools)
-            cursor = page.nextCursor
+            cursor = wire(page).get("nextCursor")
             if not cursor:
                 return tools
 
@@ -213,7 +210,7 @@ class Connections:
         Raises:
             TimeoutError: no result in ``timeout`` seconds.
             ServerExited: the server exited (or did not start) during the call.
-            mcp.McpError: the server answered the call with a JSON-RPC error.
+            McpError: the server answered the call with a JSON-RPC error.
         """
         loop = self._running_loop()
         connection = self._connections[server]
@@ -230,7 +227,7 @@ class Connections:
         except ServerExited:
             raise
         except McpError as exc:
-            if exc.error.code != CONNECTION_CLOSED:
+            if error_data(exc)[0] != CONNECTION_CLOSED:
                 raise
             self._restart(connection)
             raise ServerExited(f"MCP server {server!r} exited during the call") from exc

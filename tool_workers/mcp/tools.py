@@ -29,22 +29,10 @@ from langchain_core.messages.content import (
     create_text_block,
 )
 from langchain_core.tools import BaseTool, ToolException
-from mcp import McpError
-from mcp.types import (
-    AudioContent,
-    BlobResourceContents,
-    CallToolResult,
-    ContentBlock,
-    EmbeddedResource,
-    ImageContent,
-    ResourceLink,
-    TextContent,
-    TextResourceContents,
-    Tool,
-    ToolAnnotations,
-)
+from mcp.types import CallToolResult, ContentBlock, Tool, ToolAnnotations
 from pydantic import ConfigDict, Field
 
+from tool_workers.compat.mcp import McpError, error_data, wire
 from tool_workers.contract.errors import ToolLoadError
 from tool_workers.contract.settings import Settings, ToolPolicies
 from tool_workers.mcp.connections import Connections, ServerExited, list_tools
@@ -94,7 +82,7 @@ class McpTool(BaseTool):
         except McpError as exc:
             raise ToolException(
                 f"Error: MCP server {self.server!r} refused the call to {self.remote_name!r}: "
-                f"{exc.error.message}"
+                f"{error_data(exc)[1]}"
             ) from exc
         return converted(result)
 
@@ -106,39 +94,40 @@ def converted(result: CallToolResult) -> tuple[list[dict[str, Any]], Any]:
         ToolException: the result is an error (``isError``); its blocks are the message.
     """
     blocks = [dict(block_of(item)) for item in result.content]
-    if result.isError:
+    fields = wire(result)
+    if fields.get("isError"):
         raise ToolException(blocks or "Error: the MCP tool failed")
-    artifact = (
-        {"structured_content": result.structuredContent}
-        if result.structuredContent is not None
-        else None
-    )
+    structured = fields.get("structuredContent")
+    artifact = {"structured_content": structured} if structured is not None else None
     return blocks, artifact
 
 
 def block_of(item: ContentBlock) -> Mapping[str, Any]:
-    """One MCP content block as a LangChain content block."""
-    if isinstance(item, TextContent):
-        return create_text_block(item.text)
-    if isinstance(item, ImageContent):
-        return create_image_block(base64=item.data, mime_type=item.mimeType)
-    if isinstance(item, AudioContent):
-        return create_audio_block(base64=item.data, mime_type=item.mimeType)
-    if isinstance(item, ResourceLink):
-        mime = item.mimeType or None
+    """One MCP content block as a LangChain content block (read in the protocol's own
+    field names, the same under every SDK major)."""
+    fields = wire(item)
+    kind = fields.get("type")
+    mime = fields.get("mimeType") or None
+    if kind == "text":
+        return create_text_block(fields["text"])
+    if kind == "image":
+        return create_image_block(base64=fields["data"], mime_type=mime)
+    if kind == "audio":
+        return create_audio_block(base64=fields["data"], mime_type=mime)
+    if kind == "resource_link":
         if mime and mime.startswith("image/"):
-            return create_image_block(url=str(item.uri), mime_type=mime)
-        return create_file_block(url=str(item.uri), mime_type=mime)
-    if isinstance(item, EmbeddedResource):
-        resource = item.resource
-        if isinstance(resource, TextResourceContents):
-            return create_text_block(resource.text)
-        if isinstance(resource, BlobResourceContents):
-            mime = resource.mimeType or None
+            return create_image_block(url=str(fields["uri"]), mime_type=mime)
+        return create_file_block(url=str(fields["uri"]), mime_type=mime)
+    resource = fields.get("resource")
+    if kind == "resource" and isinstance(resource, dict):
+        if isinstance(resource.get("text"), str):
+            return create_text_block(resource["text"])
+        if isinstance(resource.get("blob"), str):
+            mime = resource.get("mimeType") or None
             if mime and mime.startswith("image/"):
-                return create_image_block(base64=resource.blob, mime_type=mime)
-            return create_file_block(base64=resource.blob, mime_type=mime)
-    return create_text_block(item.model_dump_json())
+                return create_image_block(base64=resource["blob"], mime_type=mime)
+            return create_file_block(base64=resource["blob"], mime_type=mime)
+    return create_text_block(item.model_dump_json(by_alias=True, exclude_none=True))
 
 
 def _discard(_: Any) -> None:
@@ -206,12 +195,13 @@ def _listed(config: ServerConfig) -> list[Tool]:
 def _tool(
     name: str, server: str, tool: Tool, connections: Connections, policies: ToolPolicies
 ) -> McpTool:
-    schema = dict(tool.inputSchema or {})
+    fields = wire(tool)
+    schema = dict(fields.get("inputSchema") or {})
     schema.setdefault("type", "object")
     schema.setdefault("properties", {})
     return McpTool(
         name=name,
-        description=tool.description or tool.title or name,
+        description=fields.get("description") or fields.get("title") or name,
         args_schema=schema,
         server=server,
         remote_name=tool.name,
@@ -233,10 +223,10 @@ def hinted_policies(policies: ToolPolicies, tools: Iterable[BaseTool]) -> ToolPo
     for tool in tools:
         if not isinstance(tool, McpTool):
             continue
-        hints = tool.annotations or ToolAnnotations()
-        read_only = bool(hints.readOnlyHint)
-        idempotent = read_only or bool(hints.idempotentHint)
-        destructive = not read_only and hints.destructiveHint is not False
+        hints = wire(tool.annotations) if tool.annotations is not None else {}
+        read_only = bool(hints.get("readOnlyHint"))
+        idempotent = read_only or bool(hints.get("idempotentHint"))
+        destructive = not read_only and hints.get("destructiveHint") is not False
         own = overrides.setdefault(tool.name, {})
         if "idempotent" not in own and "idempotent" not in policies.defaults.model_fields_set:
             own["idempotent"] = idempotent

@@ -48,8 +48,13 @@ def load_tools(settings: Settings) -> list[BaseTool]:
                 )
             found[tool.name] = (module_name, tool)
     if settings.mcp_servers:
-        from tool_workers.mcp.tools import mcp_tools
-
+        try:
+            from tool_workers.mcp.tools import mcp_tools
+        except ImportError as exc:  # an mcp release toolfleet does not support, or none
+            raise ToolLoadError(
+                "cannot load MCP support for TOOLFLEET_MCP_SERVERS (is the mcp extra "
+                f"installed, pip install 'toolfleet[mcp]'?): {cause(exc)}"
+            ) from exc
         for tool in mcp_tools(settings, settings.policies()):
             if tool.name in found:
                 raise ToolLoadError(
