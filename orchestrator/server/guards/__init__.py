@@ -1,0 +1,1 @@
+"""Guards every surface of the HTTP service goes through, one module each."""
