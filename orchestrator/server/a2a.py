@@ -50,6 +50,7 @@ from orchestrator.server.schemas import (
     NewId,
     RunCreate,
     ThreadStateUpdate,
+    decimal,
 )
 from orchestrator.server.services import Services
 from orchestrator.server.tenancy import thread_key
@@ -860,8 +861,8 @@ class _Call:
                 ) from None
             if not isinstance(after, str):
                 raise RpcError(INVALID_PARAMS, "statusTimestampAfter must be a string.")
-        token = params.get("pageToken") or "0"
-        if not isinstance(token, str) or not token.isdigit():
+        start = decimal(params.get("pageToken") or "0", MAX_CONTEXTS * MAX_RUNS)
+        if start is None:  # not an offset this method gave
             raise RpcError(INVALID_PARAMS, "Invalid pageToken.")
         context_id = params.get("contextId")
         if context_id is not None and not isinstance(context_id, str):
@@ -902,7 +903,6 @@ class _Call:
             and (after is None or task["status"]["timestamp"] >= after)
         ]
         listed.sort(key=lambda pair: str(pair[0]["status"]["timestamp"]), reverse=True)
-        start = int(token)
         page = listed[start : start + size]
         if history_length != 0:
             for task, run in page:

@@ -175,4 +175,3 @@ class RunStream:
             "parent_checkpoint": checkpoint_of(payload.get("parent_config"), self.thread_id),
             "tasks": tasks,
         }
-
