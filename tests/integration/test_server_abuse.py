@@ -236,9 +236,12 @@ def commands_meanwhile(redis_url: str, namespace: str, seconds: float) -> int:
     return counted
 
 
-def commands_during(redis_url: str, namespace: str, action: Callable[[], object]) -> list[str]:
-    """Redis commands naming keys of ``namespace`` while ``action`` runs (by MONITOR,
-    up to a marker command sent once it returned)."""
+def commands_during(
+    redis_url: str, namespace: str, action: Callable[[], object], names: set[str]
+) -> list[str]:
+    """Redis commands naming keys of ``namespace`` ending in one of ``names`` while
+    ``action`` runs (by MONITOR, up to a marker command sent once it returned): those
+    of other clients of the server (a stream of an earlier test) are not counted."""
     marker = f"{namespace}:monitor-end-{uuid.uuid4().hex}"
     client = redis.Redis.from_url(redis_url)
     seen: list[str] = []
@@ -250,7 +253,8 @@ def commands_during(redis_url: str, namespace: str, action: Callable[[], object]
                 text = command["command"]
                 if marker in text:
                     break
-                if namespace in text:
+                keys = {word.rpartition(":")[2] for word in text.split() if namespace in word}
+                if keys & names:
                     seen.append(text)
     finally:
         client.close()
@@ -350,7 +354,9 @@ def test_a_page_of_runs_costs_the_page_not_the_thread_history(
             f"{server.url}/threads", json={"thread_id": thread_id}, headers=auth(server)
         )
         assert created.status_code == 200
-        newest = seed_history(server, redis_url, thread_id, count, assistant_id)[-1]
+        run_ids = seed_history(server, redis_url, thread_id, count, assistant_id)
+        newest = run_ids[-1]
+        names = {*run_ids, f"alpha/{thread_id}"}
         answers: list[httpx.Response] = []
 
         def page(thread_id: str = thread_id, answers: list[httpx.Response] = answers) -> None:
@@ -384,8 +390,8 @@ def test_a_page_of_runs_costs_the_page_not_the_thread_history(
             )
 
         namespace = server.settings.namespace
-        costs["runs"][count] = len(commands_during(redis_url, namespace, page))
-        costs["tasks/get"][count] = len(commands_during(redis_url, namespace, task))
+        costs["runs"][count] = len(commands_during(redis_url, namespace, page, names))
+        costs["tasks/get"][count] = len(commands_during(redis_url, namespace, task, names))
         listed, got = answers
         assert listed.status_code == 200, listed.text
         assert [r["run_id"] for r in listed.json()] == [newest]
