@@ -242,7 +242,8 @@ def tool_routes(entries: list[WorkerEntry], settings: Settings) -> list[ToolRout
         for spec in entry.tools:
             offered[(spec.name, spec.version)].append(entry.worker)
     routes = []
-    for name, versions in sorted(served_versions(entries, settings.policies()).items()):
+    served = served_versions(entries, settings.policies(), shared=settings.registry_shared_names)
+    for name, versions in sorted(served.items()):
         for i, (version, spec) in enumerate(versions.items()):
             workers = sorted(offered[(name, version)])
             routes.append(ToolRoute(name, version, spec.queue, workers, i == 0))

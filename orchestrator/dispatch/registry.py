@@ -22,7 +22,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from types import MappingProxyType
 
 import redis
@@ -33,6 +33,7 @@ from tool_workers.contract.fleet import read_entries
 from tool_workers.contract.models import ToolSpec, WorkerEntry
 from tool_workers.contract.names import placement_key, tool_queue
 from tool_workers.contract.settings import Settings, ToolPolicies, ToolPolicy
+from tool_workers.contract.toolnames import owner
 
 log = logging.getLogger("toolfleet.registry")
 
@@ -54,12 +55,13 @@ def served_tools(
     entries: Iterable[WorkerEntry],
     policies: ToolPolicies,
     reported: set[str] | None = None,
+    shared: Collection[str] = (),
 ) -> dict[str, ToolSpec]:
     """The tools some live worker serves, by name: for each, the version models are shown
     (the first of :func:`served_versions`)."""
     return {
         name: next(iter(versions.values()))
-        for name, versions in served_versions(entries, policies, reported).items()
+        for name, versions in served_versions(entries, policies, reported, shared).items()
     }
 
 
@@ -67,6 +69,7 @@ def served_versions(
     entries: Iterable[WorkerEntry],
     policies: ToolPolicies,
     reported: set[str] | None = None,
+    shared: Collection[str] = (),
 ) -> Served:
     """Every version of every tool some live worker serves, governed by the orchestrator.
 
@@ -84,11 +87,21 @@ def served_versions(
         entries: The live workers' registry entries.
         policies: The orchestrator's tool policy.
         reported: Disagreements already logged (each is logged once); none if omitted.
+        shared: Names workers of several sources may serve; any other name is served
+            by its owner's workers alone (:mod:`tool_workers.contract.toolnames`).
     """
     entries = list(entries)
+    sources: dict[str, set[str]] = {}
+    for entry in entries:
+        for spec in entry.tools:
+            sources.setdefault(spec.name, set()).add(spec.source)
     offers: dict[str, dict[str, list[tuple[WorkerEntry, ToolSpec]]]] = {}
     for entry in entries:
         for spec in entry.tools:
+            owned_by = None if spec.name in shared else owner(spec.name, sources[spec.name])
+            if owned_by is not None and spec.source and spec.source != owned_by:
+                _report_taken(spec.name, spec.source, owned_by, entry.worker, reported)
+                continue
             offers.setdefault(spec.name, {}).setdefault(spec.version, []).append((entry, spec))
     served: Served = {}
     for name, by_version in offers.items():
@@ -173,6 +186,25 @@ def _report(
     )
 
 
+def _report_taken(
+    name: str, source: str, owned_by: str, worker: str, reported: set[str] | None
+) -> None:
+    """Log, once, a worker offering a name another source serves (its offer is ignored)."""
+    fingerprint = f"taken\x1f{name}\x1f{source}\x1f{worker}"
+    if reported is not None:
+        if fingerprint in reported:
+            return
+        reported.add(fingerprint)
+    log.error(
+        "worker %s offers tool %s from %s, but %s serves that name: its offer is ignored "
+        "(TOOLFLEET_REGISTRY_SHARED_NAMES lets several sources serve a name)",
+        worker,
+        name,
+        source,
+        owned_by,
+    )
+
+
 def _report_by_hand(
     name: str, queue: str, entries: list[WorkerEntry], reported: set[str] | None
 ) -> None:
@@ -212,6 +244,7 @@ class RegistryView:
         self._client = client
         self._prefix = settings.key_prefix
         self._policies = settings.policies()
+        self._shared = settings.registry_shared_names
         self._reported: set[str] = set()
         self._lock = threading.Lock()
         self._entries: list[WorkerEntry] = []
@@ -237,7 +270,7 @@ class RegistryView:
         self._store(entries)
 
     def _store(self, entries: list[WorkerEntry]) -> None:
-        versions = served_versions(entries, self._policies, self._reported)
+        versions = served_versions(entries, self._policies, self._reported, self._shared)
         with self._lock:
             self._entries = entries
             # Replaced whole, never mutated: readers share them without a copy.

@@ -39,6 +39,7 @@ from pydantic import TypeAdapter, ValidationError
 from orchestrator.server.encoding import dumps, loads, sse_frame
 from orchestrator.server.errors import Conflict, NotFound, RequestRefused
 from orchestrator.server.eventlog import END, FollowerDropped
+from orchestrator.server.guards import runlist
 from orchestrator.server.records import RunRecord
 from orchestrator.server.routes.assistant_graphs import graph_schemas
 from orchestrator.server.routes.thread_edits import update_state
@@ -49,6 +50,7 @@ from orchestrator.server.schemas import (
     NewId,
     RunCreate,
     ThreadStateUpdate,
+    decimal,
 )
 from orchestrator.server.services import Services
 from orchestrator.server.tenancy import thread_key
@@ -745,8 +747,11 @@ class _Call:
             raise RpcError(TASK_NOT_FOUND, f"Task not found: {task_id}") from None
         if run.assistant_id != self.assistant_id:
             raise RpcError(TASK_NOT_FOUND, f"Task not found: {task_id}")
-        runs = await self.svc.store.runs(run.thread_key, limit=MAX_RUNS, offset=0)
-        for later in runs:  # newest first: the task's latest run
+        # Newest first, read by page until the task's latest run: no later run of the
+        # task is older than the one its id names.
+        newest: RunRecord | None = None
+        async for later in runlist.walk(self.svc.store, run.thread_key, most=MAX_RUNS):
+            newest = newest or later
             if (
                 later.run_id == run.run_id
                 or (later.metadata.get("a2a") or {}).get("task_id") == task_id
@@ -756,8 +761,8 @@ class _Call:
         state = STATES.get(run.status, "TASK_STATE_SUBMITTED")
         if (
             run.status == "success"
-            and runs
-            and runs[0].run_id == run.run_id
+            and newest is not None
+            and newest.run_id == run.run_id
             and await self._interrupted(context)
         ):
             state = "TASK_STATE_INPUT_REQUIRED"
@@ -856,8 +861,8 @@ class _Call:
                 ) from None
             if not isinstance(after, str):
                 raise RpcError(INVALID_PARAMS, "statusTimestampAfter must be a string.")
-        token = params.get("pageToken") or "0"
-        if not isinstance(token, str) or not token.isdigit():
+        start = decimal(params.get("pageToken") or "0", MAX_CONTEXTS * MAX_RUNS)
+        if start is None:  # not an offset this method gave
             raise RpcError(INVALID_PARAMS, "Invalid pageToken.")
         context_id = params.get("contextId")
         if context_id is not None and not isinstance(context_id, str):
@@ -869,7 +874,7 @@ class _Call:
             threads = await self.svc.store.search_threads(self.tenant, limit=MAX_CONTEXTS, offset=0)
         tasks: dict[str, tuple[dict[str, Any], RunRecord]] = {}
         for thread in threads:
-            runs = await self.svc.store.runs(thread.key, limit=MAX_RUNS, offset=0)
+            runs = [r async for r in runlist.walk(self.svc.store, thread.key, most=MAX_RUNS)]
             for run in runs:  # newest first: a task's first run seen is its latest
                 if run.assistant_id != self.assistant_id:
                     continue
@@ -898,7 +903,6 @@ class _Call:
             and (after is None or task["status"]["timestamp"] >= after)
         ]
         listed.sort(key=lambda pair: str(pair[0]["status"]["timestamp"]), reverse=True)
-        start = int(token)
         page = listed[start : start + size]
         if history_length != 0:
             for task, run in page:

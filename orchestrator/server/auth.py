@@ -25,7 +25,8 @@ from tool_workers.contract.errors import ConfigError
 ANONYMOUS = "anonymous"
 """The one tenant of a server without tokens (``serve --no-auth``)."""
 
-_HASHED = "tk-"
+HASHED_PREFIX = "tk-"
+"""How a tenant id made from a bare token starts (no named tenant may)."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -49,7 +50,9 @@ class TokenAuth:
                 name, token = "", entry
             if not token:
                 continue
-            if sep and (not _NAME.fullmatch(name) or name == ANONYMOUS or name.startswith(_HASHED)):
+            if sep and (
+                not _NAME.fullmatch(name) or name == ANONYMOUS or name.startswith(HASHED_PREFIX)
+            ):
                 # The name may be a token's first part: it is never echoed.
                 raise ConfigError(
                     "an entry of TOOLFLEET_API_TOKENS has an invalid tenant name (1-64 "
@@ -93,7 +96,7 @@ class TokenAuth:
         if self._key is None:
             raise RuntimeError("tenant key not loaded yet")
         digest = hmac.new(self._key, known, hashlib.sha256).hexdigest()
-        return f"{_HASHED}{digest[:24]}"
+        return f"{HASHED_PREFIX}{digest[:24]}"
 
     def _match(self, token: str | None) -> tuple[bytes, str | None] | None:
         if not token:

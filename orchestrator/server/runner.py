@@ -33,6 +33,7 @@ from orchestrator.server.encoding import dumps
 from orchestrator.server.errors import AtCapacity, Conflict, NotFound, Unsupported
 from orchestrator.server.eventlog import EventLog, EventRelay
 from orchestrator.server.graphs import GraphSource
+from orchestrator.server.guards.clientview import ClientView
 from orchestrator.server.keys import Keys
 from orchestrator.server.records import RunRecord, now_iso
 from orchestrator.server.rollback import delete_run_checkpoints
@@ -286,8 +287,9 @@ class RunManager(RunLookup):
                 self._running.add(run.run_id)
                 config = run_config(run, body, source.graph_id)
                 graph = await source.for_run(config)
+                view = ClientView(run.thread_key, run.thread_id)
                 async for event, chunk in RunStream(body, run.thread_id).events(graph, config):
-                    await self.events.append(run.run_id, event, dumps(chunk))
+                    await self.events.append(run.run_id, event, view.encode(chunk))
             status = "success"
         except asyncio.CancelledError:
             status = "interrupted"
@@ -296,7 +298,8 @@ class RunManager(RunLookup):
                 task.uncancel()
         except Exception as exc:
             log.exception("run %s failed", run.run_id)
-            error = {"error": type(exc).__name__, "message": str(exc)}
+            view = ClientView(run.thread_key, run.thread_id)
+            error = {"error": type(exc).__name__, "message": view.text(str(exc))}
             if graph is not None:
                 await self._keep_readable(graph, run)
         finally:

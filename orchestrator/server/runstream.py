@@ -29,7 +29,6 @@ from typing import Any
 from langchain_core.messages import BaseMessage, BaseMessageChunk, message_chunk_to_message
 from langgraph.types import Command
 
-from orchestrator.fairshare import TENANT_KEY
 from orchestrator.server.encoding import checkpoint_of
 from orchestrator.server.schemas import RunCreate
 
@@ -168,20 +167,11 @@ class RunStream:
                 task = {k: v for k, v in task.items() if k != "state"}
                 task["checkpoint"] = state["configurable"]
             tasks.append(task)
+        # The run's tenant in its configs is dropped as the event is recorded
+        # (:mod:`orchestrator.server.guards.clientview`), with every other mode's.
         return {
             **payload,
-            # The run's tenant travels in its config for the fair shares, not to clients.
-            "config": _without_tenant(payload.get("config")),
-            "parent_config": _without_tenant(payload.get("parent_config")),
             "checkpoint": checkpoint_of(payload.get("config"), self.thread_id),
             "parent_checkpoint": checkpoint_of(payload.get("parent_config"), self.thread_id),
             "tasks": tasks,
         }
-
-
-def _without_tenant(config: Any) -> Any:
-    """``config`` without the run's tenant (:data:`orchestrator.fairshare.TENANT_KEY`)."""
-    if not isinstance(config, dict) or not isinstance(config.get("configurable"), dict):
-        return config
-    configurable = {k: v for k, v in config["configurable"].items() if k != TENANT_KEY}
-    return {**config, "configurable": configurable}

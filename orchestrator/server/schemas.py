@@ -128,13 +128,42 @@ JsonValue = Annotated[Any, AfterValidator(_check_json), WithJsonSchema({JSON_VAL
 
 _FILTER_KEY = r"^[A-Za-z0-9_.-]{1,128}$"
 
+_FILTER_MIN, _FILTER_MAX = -(2**63), 2**63 - 1
+"""Integers a checkpointer compares in a filter: SQLite's, signed 64 bits."""
+
 
 def _check_filter_keys(value: dict[str, Any] | None) -> dict[str, Any] | None:
     # The checkpointers build JSON paths from the keys: only plain names are safe there.
     for key in value or {}:
         if not re.fullmatch(_FILTER_KEY, key):
             raise ValueError(f"filter key {key[:40]!r} is not 1-128 letters, digits, '_', '.', '-'")
+    # And bind the values as SQL parameters: an integer SQLite cannot hold overflows.
+    stack: list[tuple[Any, str]] = [(v, k) for k, v in (value or {}).items()]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, dict | list):
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            stack.extend((v, f"{path}.{k}"[:200]) for k, v in pairs)
+        elif (
+            isinstance(item, int)
+            and not isinstance(item, bool)
+            and not (_FILTER_MIN <= item <= _FILTER_MAX)
+        ):
+            raise ValueError(f"filter value at {path} is beyond the signed 64-bit integers")
     return value
+
+
+def decimal(text: Any, most: int) -> int | None:
+    """``text`` read as a count a client sends back or names (a page token, a header, a
+    query flag): ASCII digits only, ``0`` to ``most``; ``None`` for anything else (other
+    Unicode digits, which ``str.isdigit`` accepts and ``int`` may refuse, signs, spaces,
+    more digits than ``most`` has, a value past it, or not a string at all)."""
+    if not isinstance(text, str) or not text.isascii() or not text.isdigit():
+        return None
+    if len(text) > len(str(most)):
+        return None
+    value = int(text)
+    return value if value <= most else None
 
 
 class RequestBody(BaseModel):

@@ -28,6 +28,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from orchestrator.server.encoding import dumps, loads
+from orchestrator.server.guards import runlist
 from orchestrator.server.guards.account import (
     TenantAccount,
     run_field,
@@ -328,33 +329,43 @@ class Store(ThreadLine):
     async def runs(
         self, thread: str, *, limit: int, offset: int, status: str | None = None
     ) -> list[RunRecord]:
-        """The runs of the thread with key ``thread``, newest first."""
-        ids = await self._r.zrevrange(self._keys.thread_runs(thread), 0, -1)
-        found: list[RunRecord] = []
-        for run_id in ids:
-            run = await self.run(run_id)
-            if run is None:  # expired
-                await self._r.zrem(self._keys.thread_runs(thread), run_id)
-                continue
-            if status is None or run.status == status:
-                found.append(run)
-        return found[offset : offset + limit]
+        """The runs of the thread with key ``thread``, newest first: one page, read by
+        :func:`orchestrator.server.guards.runlist.runs_page`."""
+        return await runlist.runs_page(self, thread, limit=limit, offset=offset, status=status)
+
+    async def run_ids(self, thread: str, start: int, count: int) -> list[str]:
+        """Ids of the thread's runs at positions ``start`` to ``start + count - 1``, the
+        newest at 0: one read, whatever the length of the thread's history."""
+        if count <= 0:
+            return []
+        ids: list[str] = await self._r.zrevrange(
+            self._keys.thread_runs(thread), start, start + count - 1
+        )
+        return ids
 
     async def newest_run_ids(self, thread: str, count: int) -> list[str]:
         """Ids of the ``count`` newest runs of the thread with key ``thread``, newest
         first: one read, whatever the length of the thread's history."""
-        ids: list[str] = await self._r.zrevrange(self._keys.thread_runs(thread), 0, count - 1)
-        return ids
+        return await self.run_ids(thread, 0, count)
 
-    async def runs_by_id(self, run_ids: list[str]) -> list[RunRecord]:
-        """The records of these runs that exist, in that order: one round trip."""
+    async def run_records(self, run_ids: list[str]) -> list[RunRecord | None]:
+        """The records of these runs, in that order (``None``: expired): one round trip."""
         if not run_ids:
             return []
         async with self._r.pipeline(transaction=False) as pipe:
             for run_id in run_ids:
                 pipe.hgetall(self._keys.run(run_id))
             raws = await pipe.execute()
-        return [_run_from(raw) for raw in raws if raw and "doc" in raw]
+        return [_run_from(raw) if raw and "doc" in raw else None for raw in raws]
+
+    async def runs_by_id(self, run_ids: list[str]) -> list[RunRecord]:
+        """The records of these runs that exist, in that order: one round trip."""
+        return [record for record in await self.run_records(run_ids) if record is not None]
+
+    async def forget_run_ids(self, thread: str, run_ids: list[str]) -> None:
+        """Drop these ids (of runs whose records expired) from the thread's runs."""
+        if run_ids:
+            await self._r.zrem(self._keys.thread_runs(thread), *run_ids)
 
     async def set_run_status(
         self, run_id: str, status: str, error: dict[str, Any] | None = None

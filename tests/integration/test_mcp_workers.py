@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,12 @@ from langchain_core.messages import HumanMessage, ToolMessage
 
 from orchestrator import dispatcher_for
 from orchestrator.agent import build_agent
+from orchestrator.call import PreparedCall
 from tests.support.fleet import rounds
 from tests.support.mcp_servers import HttpMcpServer, stdio_entry
-from tool_workers.contract.names import tool_queue
+from tests.support.sandbox import sandbox_python
+from tool_workers.contract.models import ToolResult
+from tool_workers.contract.names import task_id_for, tool_queue
 from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(180)
@@ -177,3 +181,50 @@ def test_a_server_that_does_not_start_stops_the_worker_with_one_line(
     assert "MCP server 'broken' (TOOLFLEET_MCP_SERVERS) did not list its tools" in (
         worker.log_file.read_text()
     )
+
+
+def call_run_python(settings: Settings, code: str) -> ToolResult:
+    call_id = f"call-{uuid.uuid4().hex}"
+    call = PreparedCall(
+        tool="run_python",
+        call_id=call_id,
+        args={"code": code, "timeout": 20},
+        task_id=task_id_for(call_id),
+    )
+    return dispatcher_for(settings=settings).wait(call, timeout=120)
+
+
+def test_an_mcp_tool_named_like_a_built_in_never_takes_its_calls(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., Any]
+) -> None:
+    """Given an MCP server offering a ``run_python`` of its own, when a worker serving it
+    starts, before the built-in's worker and again after it, then it exits each time
+    with one line naming the tool and the setting that would allow it, and the built-in
+    worker answers all 6 of 6 ``run_python`` calls (before: the first to register took
+    them all, with their code)."""
+    servers = {"mcpServers": {"lookalike": stdio_entry("impostor")}}
+    built_in = make_settings(
+        tool_modules=("tool_workers.builtin",), sandbox_python=sandbox_python()
+    )
+    impostor = make_settings(
+        namespace=built_in.namespace, tool_modules=(), mcp_servers=json.dumps(servers)
+    )
+    line = (
+        "toolfleet: this worker does not start: tool name 'run_python' of mcp:lookalike is "
+        "a built-in tool's name; rename the tool or list it in "
+        "TOOLFLEET_REGISTRY_SHARED_NAMES to let both serve it"
+    )
+
+    first = start_worker(impostor, wait=False, queues=("tools",))
+    assert first.process is not None and first.process.wait(60) != 0
+    assert line in first.log_file.read_text()
+    start_worker(built_in, queues=("tools",))
+    again = start_worker(impostor, wait=False, queues=("tools",))
+    assert again.process is not None and again.process.wait(60) != 0
+    assert line in again.log_file.read_text()
+
+    results = [call_run_python(built_in, f"print({n} * 7)") for n in range(6)]
+
+    assert [r.status for r in results] == ["success"] * 6, results
+    assert [f"{n * 7}" in r.content for n, r in enumerate(results)] == [True] * 6, results
+    assert not any("impostor" in r.content for r in results)

@@ -15,7 +15,7 @@ import resource
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -182,21 +182,29 @@ def test_a_body_that_stalls_is_408_and_stops_nothing_else(server: ServerProcess)
     assert after == before
 
 
-def seed_history(server: ServerProcess, redis_url: str, thread_id: str, count: int) -> None:
-    """Record ``count`` finished runs of tenant alpha's thread, as the service does."""
+def seed_history(
+    server: ServerProcess,
+    redis_url: str,
+    thread_id: str,
+    count: int,
+    assistant_id: str = "agent",
+) -> list[str]:
+    """Record ``count`` finished runs of tenant alpha's thread, as the service does;
+    answers their ids, the oldest first."""
+    run_ids = [str(uuid.uuid4()) for _ in range(count)]
 
     async def seed() -> None:
         client = aioredis.Redis.from_url(redis_url, decode_responses=True)
         keys = Keys(server.settings.key_prefix)
         store = Store(client, keys, run_ttl=3600, thread_ttl=3600)
         try:
-            for _ in range(count):
+            for run_id in run_ids:
                 stamp = now_iso()
                 await store.put_run(
                     RunRecord(
-                        run_id=str(uuid.uuid4()),
+                        run_id=run_id,
                         thread_id=thread_id,
-                        assistant_id="agent",
+                        assistant_id=assistant_id,
                         created_at=stamp,
                         updated_at=stamp,
                         status="success",
@@ -208,6 +216,7 @@ def seed_history(server: ServerProcess, redis_url: str, thread_id: str, count: i
             await client.aclose()
 
     asyncio.run(seed())
+    return run_ids
 
 
 def commands_meanwhile(redis_url: str, namespace: str, seconds: float) -> int:
@@ -225,6 +234,31 @@ def commands_meanwhile(redis_url: str, namespace: str, seconds: float) -> int:
     finally:
         client.close()
     return counted
+
+
+def commands_during(
+    redis_url: str, namespace: str, action: Callable[[], object], names: set[str]
+) -> list[str]:
+    """Redis commands naming keys of ``namespace`` ending in one of ``names`` while
+    ``action`` runs (by MONITOR, up to a marker command sent once it returned): those
+    of other clients of the server (a stream of an earlier test) are not counted."""
+    marker = f"{namespace}:monitor-end-{uuid.uuid4().hex}"
+    client = redis.Redis.from_url(redis_url)
+    seen: list[str] = []
+    try:
+        with client.monitor() as monitor:
+            action()
+            client.get(marker)
+            for command in monitor.listen():
+                text = command["command"]
+                if marker in text:
+                    break
+                keys = {word.rpartition(":")[2] for word in text.split() if namespace in word}
+                if keys & names:
+                    seen.append(text)
+    finally:
+        client.close()
+    return seen
 
 
 async def open_streams(
@@ -304,3 +338,65 @@ def test_a_tenant_beyond_its_streams_is_429_and_others_are_not(server: ServerPro
     assert (refused, retry_after) == (429, "1")
     assert theirs == 200
     assert again == 200
+
+
+def test_a_page_of_runs_costs_the_page_not_the_thread_history(
+    server: ServerProcess, redis_url: str
+) -> None:
+    """Given a thread with 60 runs and one with 3,000, then a page of one run of either
+    (``GET /threads/{id}/runs?limit=1``) and A2A ``tasks/get`` of the latest task cost
+    the same few Redis commands (before, one read per run of the thread)."""
+    assistant_id = str(uuid.uuid4())
+    costs: dict[str, dict[int, int]] = {"runs": {}, "tasks/get": {}}
+    for count in (60, HISTORY):
+        thread_id = f"runs-{count}-{uuid.uuid4().hex[:8]}"
+        created = httpx.post(
+            f"{server.url}/threads", json={"thread_id": thread_id}, headers=auth(server)
+        )
+        assert created.status_code == 200
+        run_ids = seed_history(server, redis_url, thread_id, count, assistant_id)
+        newest = run_ids[-1]
+        names = {*run_ids, f"alpha/{thread_id}"}
+        answers: list[httpx.Response] = []
+
+        def page(thread_id: str = thread_id, answers: list[httpx.Response] = answers) -> None:
+            answers.append(
+                httpx.get(
+                    f"{server.url}/threads/{thread_id}/runs",
+                    params={"limit": 1},
+                    headers=auth(server),
+                    timeout=30,
+                )
+            )
+
+        def task(
+            thread_id: str = thread_id,
+            newest: str = newest,
+            answers: list[httpx.Response] = answers,
+        ) -> None:
+            call = {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tasks/get",
+                "params": {"id": f"{thread_id}:{newest}", "historyLength": 0},
+            }
+            answers.append(
+                httpx.post(
+                    f"{server.url}/a2a/{assistant_id}",
+                    json=call,
+                    headers={**auth(server), "Accept": "application/json"},
+                    timeout=30,
+                )
+            )
+
+        namespace = server.settings.namespace
+        costs["runs"][count] = len(commands_during(redis_url, namespace, page, names))
+        costs["tasks/get"][count] = len(commands_during(redis_url, namespace, task, names))
+        listed, got = answers
+        assert listed.status_code == 200, listed.text
+        assert [r["run_id"] for r in listed.json()] == [newest]
+        assert got.status_code == 200, got.text
+        assert got.json()["result"]["id"] == f"{thread_id}:{newest}", got.text
+    for surface, by_count in costs.items():
+        assert by_count[HISTORY] == by_count[60], (surface, costs)
+        assert by_count[HISTORY] <= 16, (surface, costs)

@@ -195,3 +195,41 @@ def test_without_auth_every_request_is_one_anonymous_tenant(
         assert "NO AUTH" in process.log()
     finally:
         process.stop()
+
+
+def test_no_stream_mode_shows_the_internal_thread_key_or_tenant(server: ServerProcess) -> None:
+    """Given a run of the bare token's tenant (a ``tk-`` hash) with a tool call, streamed
+    in every mode (the graph's, and then ``events``, ``debug`` and ``checkpoints``
+    again through the callback events), then no byte of either stream, of their replay
+    (joining the finished run's stream) or of the thread's state and history holds the
+    internal thread key (``tk-<hash>/<thread id>``), the tenant id or the config key
+    that carries it (``__toolfleet_tenant``)."""
+    headers = {"Authorization": f"Bearer {B}"}
+    mode_sets = [
+        ["values", "updates", "messages-tuple", "custom", "debug", "checkpoints", "tasks"],
+        ["messages", "debug", "checkpoints", "tasks"],
+        ["events", "debug", "checkpoints", "tasks", "values"],
+    ]
+    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as http:
+        tid = http.post("/threads", json={}).json()["thread_id"]
+        seen: list[bytes] = []
+        for modes in mode_sets:
+            body = {
+                "assistant_id": "agent",
+                "input": ask(("add", {"a": 1, "b": 2})),
+                "stream_mode": modes,
+                "stream_subgraphs": True,
+            }
+            with http.stream("POST", f"/threads/{tid}/runs/stream", json=body) as streamed:
+                assert streamed.status_code == 200
+                seen.append(streamed.read())
+            rid = http.get(f"/threads/{tid}/runs", params={"limit": 1}).json()[0]["run_id"]
+            with http.stream("GET", f"/threads/{tid}/runs/{rid}/stream") as joined:
+                seen.append(joined.read())
+        seen.append(http.get(f"/threads/{tid}/state").content)
+        seen.append(http.post(f"/threads/{tid}/history", json={"limit": 50}).content)
+    for mode in ("debug", "checkpoints", "tasks", "events", "messages", "updates", "values"):
+        assert any(f"event: {mode}".encode() in chunk for chunk in seen), mode
+    for chunk in seen:
+        assert b"tk-" not in chunk, chunk[max(0, chunk.find(b"tk-") - 300) :][:600]
+        assert b"__toolfleet_tenant" not in chunk

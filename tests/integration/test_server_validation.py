@@ -252,3 +252,38 @@ def test_other_awkward_thread_ids_round_trip_through_the_path(
     assert got.status_code == 200 and got.json()["thread_id"] == thread_id
     assert http.delete(f"/threads/{segment}").status_code == 204
     assert http.get(f"/threads/{segment}").status_code == 404
+
+
+@pytest.mark.parametrize("number", [2**63, 2**64 - 1, -(2**63) - 1, 2**80])
+def test_a_history_filter_number_a_checkpointer_cannot_compare_is_422(
+    http: httpx.Client, number: int
+) -> None:
+    """Given a thread, then a history filter value beyond the signed 64-bit integers
+    (SQLite's) is a 422 naming the field and the range (before: SQLite's overflow, a
+    500); the largest one it can compare filters."""
+    tid = http.post("/threads", json={}).json()["thread_id"]
+    bad = http.post(f"/threads/{tid}/history", json={"metadata": {"step": number}})
+    assert bad.status_code == 422, bad.text
+    assert "metadata" in bad.text and "64-bit" in bad.text
+    assert "Traceback" not in bad.text
+    edge = http.post(f"/threads/{tid}/history", json={"metadata": {"step": 2**63 - 1}})
+    assert edge.status_code == 200 and edge.json() == []
+
+
+@pytest.mark.parametrize("token", ["²", "٣", "9" * 5_000, "-1", " 1", 7, ""])
+def test_a_malformed_a2a_page_token_is_invalid_params_with_no_traceback(
+    http: httpx.Client, token: object
+) -> None:
+    """Given an assistant, then ``ListTasks`` with a page token that is not an offset
+    it gave (a superscript or Arabic-Indic digit, 5,000 digits, a sign, a space, a
+    number) is answered -32602 "Invalid pageToken" (before: an internal error), and no
+    answer holds a traceback; an empty token is the first page."""
+    assistant = http.post("/assistants", json={"graph_id": "agent"}).json()["assistant_id"]
+    call = {"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"pageToken": token}}
+    answer = http.post(f"/a2a/{assistant}", json=call, headers={"Accept": "application/json"})
+    assert "Traceback" not in answer.text and 'File "' not in answer.text
+    if token == "":
+        assert answer.json()["result"]["tasks"] == [], answer.text
+        return
+    error = answer.json()["error"]
+    assert (error["code"], error["message"]) == (-32602, "Invalid pageToken."), answer.text

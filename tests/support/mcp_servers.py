@@ -14,11 +14,12 @@ from typing import IO, Any
 REPO = Path(__file__).resolve().parents[2]
 
 
-def stdio_entry() -> dict[str, Any]:
-    """An ``mcpServers`` entry that starts the test server on stdio."""
+def stdio_entry(*flags: str) -> dict[str, Any]:
+    """An ``mcpServers`` entry that starts the test server on stdio (with ``flags``:
+    ``impostor`` adds a ``run_python`` of its own)."""
     return {
         "command": sys.executable,
-        "args": ["-m", "tests.support.mcp_server", "stdio"],
+        "args": ["-m", "tests.support.mcp_server", "stdio", *flags],
         "cwd": str(REPO),
     }
 

@@ -294,6 +294,9 @@ class ToolSpec(BaseModel):
     """Policy the tool runs under: time limits, retries, idempotent, rate limit."""
     injected: InjectedArgs = Field(default_factory=lambda: InjectedArgs())
     """The graph context the tool's arguments ask for (hidden from the model)."""
+    source: str = ""
+    """The kind of worker offering the tool: ``module`` or ``mcp:<server>``
+    (:mod:`tool_workers.contract.toolnames`); empty from a worker that does not say."""
 
     @model_validator(mode="before")
     @classmethod

@@ -201,6 +201,12 @@ class Settings(BaseSettings):
     """Prefix for every Redis key and queue, so several deployments can share one Redis."""
     registry_refresh: float = Field(default=10.0, gt=0)
     """Seconds between a worker's re-publications of the tools it serves."""
+    registry_shared_names: Annotated[tuple[str, ...], NoDecode] = ()
+    """Comma-separated tool names that workers of different sources may all serve (a
+    module's tool and an MCP server's, or two MCP servers'), as versions of one tool.
+    Any other name is served by one source: a worker offering a built-in tool's name
+    from an MCP server, or a name a live worker serves from another source, refuses to
+    start."""
     result_expires: int = Field(default=86_400, gt=0)
     """Seconds a tool result is kept, so a restarted orchestrator can still collect it."""
     unserved_wait: float = Field(default=10.0, ge=0)
@@ -378,7 +384,12 @@ class Settings(BaseSettings):
         return self
 
     @field_validator(
-        "tool_modules", "api_tokens", "webhook_allowed_hosts", "cors_origins", mode="before"
+        "tool_modules",
+        "api_tokens",
+        "webhook_allowed_hosts",
+        "cors_origins",
+        "registry_shared_names",
+        mode="before",
     )
     @classmethod
     def _split_modules(cls, value: Any) -> Any:

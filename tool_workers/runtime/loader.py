@@ -25,6 +25,7 @@ from langchain_core.tools import BaseTool
 
 from tool_workers.contract.errors import ToolLoadError
 from tool_workers.contract.settings import Settings
+from tool_workers.contract.toolnames import MODULE, mcp_source
 
 BUILTIN_MODULE = "tool_workers.builtin"
 
@@ -66,6 +67,17 @@ def load_tools(settings: Settings) -> list[BaseTool]:
     for tool in tools:
         resolve_annotations(tool)
     return tools
+
+
+def tool_sources(tools: Iterable[BaseTool], settings: Settings) -> dict[str, str]:
+    """The source of each tool by name (:mod:`tool_workers.contract.toolnames`): its MCP
+    server's, or a module's."""
+    servers: dict[str, str] = {}
+    if settings.mcp_servers:
+        from tool_workers.mcp.tools import McpTool
+
+        servers = {t.name: mcp_source(t.server) for t in tools if isinstance(t, McpTool)}
+    return {tool.name: servers.get(tool.name, MODULE) for tool in tools}
 
 
 def resolve_annotations(tool: BaseTool) -> None:

@@ -8,7 +8,8 @@ three missed refreshes, so a tool no live worker serves drops out of the registr
 Two processes started with one node name would share that key and hide each other, so
 each also notes itself (``host:pid``, scored by time) in the name's
 ``worker-processes`` set, where ``toolfleet status`` sees the twin.
-Orchestrators read it with :mod:`orchestrator.dispatch.registry`.
+Orchestrators read it with :mod:`orchestrator.dispatch.registry`. A worker that would
+serve a name another kind of worker serves does not start (:func:`check_names`).
 """
 
 from __future__ import annotations
@@ -18,16 +19,18 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 import redis
 
+from tool_workers.contract.errors import ConfigError
 from tool_workers.contract.models import ToolSpec, WorkerEntry
 from tool_workers.contract.names import (
     REGISTRY_TTL_REFRESHES,
     worker_processes_key,
     worker_registry_key,
 )
+from tool_workers.contract.toolnames import refusal
 
 log = logging.getLogger("toolfleet.registry")
 
@@ -58,6 +61,29 @@ def build_entry(
         updated_at=time.time(),
         sandbox_isolation=served[0] if served else None,
     )
+
+
+def check_names(
+    entries: Iterable[WorkerEntry], specs: Iterable[ToolSpec], shared: Collection[str]
+) -> None:
+    """Refuse to serve a name another source serves (:mod:`tool_workers.contract.toolnames`).
+
+    Args:
+        entries: The live workers' registry entries.
+        specs: The tools the starting worker would serve, each with its source.
+        shared: Names several sources may serve (``TOOLFLEET_REGISTRY_SHARED_NAMES``).
+
+    Raises:
+        ConfigError: one of ``specs`` may not be served by this worker (the first found).
+    """
+    live: dict[str, set[str]] = {}
+    for entry in entries:
+        for offered in entry.tools:
+            live.setdefault(offered.name, set()).add(offered.source)
+    for spec in specs:
+        reason = refusal(spec.name, spec.source, live.get(spec.name, ()), shared)
+        if reason is not None:
+            raise ConfigError(f"this worker does not start: {reason}")
 
 
 class RegistryPublisher:

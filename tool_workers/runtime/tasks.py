@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery, Task
@@ -129,16 +130,24 @@ def tool_spec(tool: BaseTool, policy: ToolPolicy) -> ToolSpec:
 
 
 def register_tools(
-    app: Celery, tools: list[BaseTool], settings: Settings, policies: ToolPolicies
+    app: Celery,
+    tools: list[BaseTool],
+    settings: Settings,
+    policies: ToolPolicies,
+    sources: Mapping[str, str] | None = None,
 ) -> dict[str, ToolSpec]:
-    """Register a ``tools.<name>`` task for each tool; return their specs by name."""
+    """Register a ``tools.<name>`` task for each tool; return their specs by name, each
+    with its source from ``sources`` (none said if omitted)."""
     specs: dict[str, ToolSpec] = {}
     # A call's marker outlives its last start by the longest a redelivery can take.
     lifetime = int(visibility_timeout(policies, settings.redelivery_margin) + RESTORE_INTERVAL)
     for tool in tools:
         policy = policies.for_tool(tool.name)
         _register(app, tool, settings, policy, lifetime)
-        specs[tool.name] = tool_spec(tool, policy)
+        spec = tool_spec(tool, policy)
+        if sources and tool.name in sources:
+            spec = spec.model_copy(update={"source": sources[tool.name]})
+        specs[tool.name] = spec
     return specs
 
 

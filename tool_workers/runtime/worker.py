@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+import redis
 from celery import Celery, signals
 from celery.concurrency.prefork import TaskPool as PreforkPool
 from pydantic import ValidationError
@@ -35,6 +36,7 @@ from tool_workers.contract.amqp import plain_queue_name
 from tool_workers.contract.broker import create_app, visibility_timeout
 from tool_workers.contract.connections import redis_client
 from tool_workers.contract.errors import ConfigError, ToolfleetError
+from tool_workers.contract.fleet import read_entries
 from tool_workers.contract.logs import install_formatters, settings_fields
 from tool_workers.contract.models import ToolSpec
 from tool_workers.contract.names import tool_queue
@@ -42,8 +44,8 @@ from tool_workers.contract.placeholders import refuse_placeholders
 from tool_workers.contract.process import make_undumpable
 from tool_workers.contract.settings import Settings, settings_error
 from tool_workers.observability import metrics, tracing
-from tool_workers.runtime.loader import load_tools
-from tool_workers.runtime.registry import RegistryPublisher, build_entry
+from tool_workers.runtime.loader import load_tools, tool_sources
+from tool_workers.runtime.registry import RegistryPublisher, build_entry, check_names
 from tool_workers.runtime.tasks import register_tools
 
 log = logging.getLogger("toolfleet.worker")
@@ -77,13 +79,28 @@ def _start() -> tuple[Settings, Celery, dict[str, ToolSpec], dict[str, str]]:
 
             # MCP tools' annotations stand where the policy file says nothing.
             policies = hinted_policies(policies, tools)
-        specs = register_tools(app, tools, settings, policies)
+        specs = register_tools(app, tools, settings, policies, tool_sources(tools, settings))
+        _check_names(settings, specs.values())
         isolation = {t.name: i for t in tools if (i := sandbox_isolation([t])) is not None}
     except ValidationError as exc:
         raise SystemExit(f"toolfleet: {settings_error(exc)}") from None
     except ToolfleetError as exc:
         raise SystemExit(f"toolfleet: {exc}") from None
     return settings, app, specs, isolation
+
+
+def _check_names(settings: Settings, specs: Iterable[ToolSpec]) -> None:
+    """Refuse (:class:`ConfigError`) to serve a name another kind of worker serves."""
+    try:
+        client = redis_client(settings.own_redis_url, settings)
+        try:
+            entries = read_entries(client, settings.key_prefix)
+        finally:
+            client.close()
+    except redis.RedisError as exc:  # the worker cannot reach Redis: it will say so soon
+        log.warning("could not read the registry to check tool names: %r", exc)
+        return
+    check_names(entries, specs, settings.registry_shared_names)
 
 
 # Before anything else of the worker runs: a process of the worker's user (a run_python

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Body, Response
 from pydantic import ConfigDict, Field
 
 from orchestrator.server.errors import Conflict, NotFound
+from orchestrator.server.guards import runlist
 from orchestrator.server.openapi import AT_CAPACITY, NOT_FOUND
 from orchestrator.server.records import RunRecord
 from orchestrator.server.responses import Run
@@ -89,11 +90,11 @@ async def _selected(svc: Services, tenant: str, body: RunsCancel) -> list[RunRec
     if isinstance(body, CancelByIds):
         record = await existing_thread(svc, tenant, body.thread_id)
         wanted = set(body.run_ids)
-        runs = await svc.store.runs(record.key, limit=RUNS_PER_THREAD, offset=0)
-        return [run for run in runs if run.run_id in wanted]
+        runs = runlist.walk(svc.store, record.key, most=RUNS_PER_THREAD)
+        return [run async for run in runs if run.run_id in wanted]
     statuses = ("pending", "running") if body.status == "all" else (body.status,)
     found: list[RunRecord] = []
     for thread in await svc.store.search_threads(tenant, limit=COUNT_PAGE, offset=0):
-        runs = await svc.store.runs(thread.key, limit=RUNS_PER_THREAD, offset=0)
-        found.extend(run for run in runs if run.status in statuses)
+        runs = runlist.walk(svc.store, thread.key, most=RUNS_PER_THREAD)
+        found.extend([run async for run in runs if run.status in statuses])
     return found

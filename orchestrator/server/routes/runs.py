@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 
 from orchestrator.server.errors import Conflict, NotFound, Unsupported
 from orchestrator.server.eventlog import parse_id
+from orchestrator.server.guards import runlist
 from orchestrator.server.openapi import AT_CAPACITY, CONFLICT, NOT_FOUND, RUN_START
 from orchestrator.server.records import RunRecord
 from orchestrator.server.responses import Run
@@ -110,7 +111,7 @@ async def list_runs(
 ) -> Any:
     """The thread's runs, newest first (only the fields of ``select`` if given)."""
     record = await existing_thread(svc, tenant, thread_id)
-    runs = await svc.store.runs(record.key, limit=limit, offset=offset, status=status)
+    runs = await runlist.runs_page(svc.store, record.key, limit=limit, offset=offset, status=status)
     return json_response([picked(r.to_api(), select) for r in runs])
 
 

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Response
 from orchestrator.server.checkpoints import copy_checkpoints
 from orchestrator.server.encoding import dumps
 from orchestrator.server.errors import Conflict, RequestRefused
+from orchestrator.server.guards import runlist
 from orchestrator.server.guards.account import QuotaExceeded, size_of, state_field
 from orchestrator.server.openapi import CONFLICT, NOT_FOUND, ErrorBody
 from orchestrator.server.responses import Thread, ThreadUpdated
@@ -86,7 +87,7 @@ async def update_state(
     """Write ``values`` to the thread as node ``as_node`` (a new checkpoint after the one
     given, or after the latest); answers the new checkpoint."""
     record = await existing_thread(svc, tenant, thread_id)
-    busy = [r for r in await svc.store.runs(record.key, limit=10_000, offset=0) if not r.done]
+    busy = await runlist.unfinished(svc.store, record.key)
     if busy:
         raise Conflict(f"thread {thread_id} has a {busy[0].status} run; wait for it or cancel it")
     graph_id = record.metadata.get("graph_id")

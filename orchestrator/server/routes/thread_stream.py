@@ -34,6 +34,7 @@ from fastapi.responses import StreamingResponse
 from orchestrator.server.encoding import SSE_HEARTBEAT, dumps, sse_frame
 from orchestrator.server.errors import Unsupported
 from orchestrator.server.eventlog import END, FollowerDropped, parse_id
+from orchestrator.server.guards import runlist
 from orchestrator.server.openapi import AT_CAPACITY, NOT_FOUND
 from orchestrator.server.records import RunRecord
 from orchestrator.server.routes.threads import existing_thread
@@ -169,24 +170,12 @@ async def _ended(svc: Services, run: RunRecord) -> bool:
 
 
 async def newest_runs(svc: Services, thread: str, count: int) -> list[RunRecord]:
-    """The thread's ``count`` newest runs, newest first (two round trips)."""
-    return await svc.store.runs_by_id(await svc.store.newest_run_ids(thread, count))
+    """The thread's ``count`` newest runs, newest first (one page of
+    :mod:`orchestrator.server.guards.runlist`)."""
+    return await runlist.newest_runs(svc.store, thread, count)
 
 
 async def _new_runs(svc: Services, thread: str, seen: set[str]) -> list[RunRecord]:
-    """Runs of the thread not in ``seen``, oldest first; ``seen`` becomes the ids read.
-
-    Reads the :data:`WATCH` newest ids, more while every one of them is new (many runs
-    came at once), up to :data:`REPLAY_WINDOW`.
-    """
-    window = WATCH
-    while True:
-        ids = await svc.store.newest_run_ids(thread, window)
-        fresh = [run_id for run_id in ids if run_id not in seen]
-        if len(fresh) < window or window >= REPLAY_WINDOW:
-            break
-        window = min(window * 4, REPLAY_WINDOW)
-    # Older ids never come back into the newest: forgetting them keeps ``seen`` small.
-    seen.clear()
-    seen.update(ids)
-    return await svc.store.runs_by_id(fresh[::-1])
+    """Runs of the thread not in ``seen``, oldest first; ``seen`` becomes the ids read
+    (the :data:`WATCH` newest, more while all are new, up to :data:`REPLAY_WINDOW`)."""
+    return await runlist.new_runs(svc.store, thread, seen, watch=WATCH, most=REPLAY_WINDOW)

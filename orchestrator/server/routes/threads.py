@@ -11,6 +11,7 @@ from fastapi import APIRouter, Query, Response
 
 from orchestrator.server.encoding import thread_state
 from orchestrator.server.errors import Conflict, NotFound
+from orchestrator.server.guards import runlist
 from orchestrator.server.keys import Keys
 from orchestrator.server.openapi import CONFLICT, NOT_FOUND
 from orchestrator.server.records import ThreadRecord
@@ -153,10 +154,9 @@ async def delete_thread(svc: Svc, tenant: Tenant, thread_id: ThreadId) -> Respon
 
 async def remove_thread(svc: Services, record: ThreadRecord) -> None:
     """Cancel the thread's runs, delete its checkpoints and its records."""
-    for run in await svc.store.runs(record.key, limit=10_000, offset=0):
-        if not run.done:
-            with contextlib.suppress(Conflict):  # it finished meanwhile
-                await svc.runs.cancel(run)
+    for run in await runlist.unfinished(svc.store, record.key):
+        with contextlib.suppress(Conflict):  # it finished meanwhile
+            await svc.runs.cancel(run)
     await svc.checkpointer.adelete_thread(record.key)
     await svc.store.delete_thread(record.key)
 
