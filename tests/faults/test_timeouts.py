@@ -138,6 +138,7 @@ def test_cancelled_async_run_revokes_its_calls(
     assert dispatcher.in_flight() == 0
 
 
+@pytest.mark.serial  # a CPU-bound call's stop is bounded: the other processes' tests would share it
 @pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_catastrophic_grep_pattern_is_stopped_on_any_pool(
     pool: str, make_settings: Callable[..., Settings], start_worker: Callable[..., Any]

@@ -64,6 +64,7 @@ def test_calls_run_on_workers_in_call_order(fleet: Settings, mode: str) -> None:
     assert state["messages"][-1].content == "done: 4 results"
 
 
+@pytest.mark.serial  # the bound is the point: the other tests' processes would share it
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_fan_out_is_parallel(fleet: Settings, mode: str) -> None:
     """Given 24 calls of a 0.5 s tool (more than LangGraph's 6 sync threads by default),

@@ -15,6 +15,7 @@ import pytest
 import redis
 from celery.worker import state as worker_state
 
+from tests.support.fleet import wait_until
 from tool_workers.celery_ext.backend import _STORE
 from tool_workers.celery_ext.fence import (
     HOLDING_HEADER,
@@ -52,8 +53,36 @@ def client(redis_url: str, settings: Settings) -> Iterator[redis.Redis]:
     c.close()
 
 
-def make_lease(client: redis.Redis, settings: Settings) -> Lease:
-    return Lease(client, settings.key_prefix, f"{settings.namespace}:", TTL, 0.1, 60.0)
+class Clock:
+    """A monotonic clock the test advances: the lease's own waits (a sweep held back)
+    pass when the test says, not after a sleep."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_lease(
+    client: redis.Redis, settings: Settings, clock: Callable[[], float] = time.monotonic
+) -> Lease:
+    return Lease(client, settings.key_prefix, f"{settings.namespace}:", TTL, 0.1, 60.0, clock)
+
+
+def wait_lapsed(client: redis.Redis, settings: Settings, *leases: Lease) -> None:
+    """Wait until each lease's deadline (its score, in Redis's milliseconds) has passed
+    by Redis's clock: what a sweep reads to find it lapsed, one TTL after its last
+    renewal."""
+    key = leases_key(settings.key_prefix)
+
+    def lapsed() -> bool:
+        seconds, micros = client.time()
+        now_ms = seconds * 1000 + micros // 1000
+        deadlines = [client.zscore(key, lease.id) for lease in leases]
+        return all(d is not None and d < now_ms for d in deadlines)
+
+    wait_until(lapsed, timeout=10 * TTL + 5, what="the leases' lapse")
 
 
 def deliver(client: redis.Redis, settings: Settings, lease: Lease, tag: str, task: str) -> str:
@@ -86,7 +115,7 @@ def test_a_lapsed_lease_has_its_unacked_calls_moved_back_to_their_queue(
     ns = f"{settings.namespace}:"
     client.hdel(f"{ns}unacked", "tag-2")  # acknowledged
     assert survivor.tick() == []  # still alive
-    time.sleep(TTL + 0.2)
+    wait_lapsed(client, settings, lost)
 
     assert survivor.tick() == ["task-1"]
 
@@ -111,7 +140,7 @@ def test_a_worker_that_comes_back_after_its_lease_lapsed_takes_a_new_one(
     stale.tick()
     deliver(client, settings, stale, "tag-1", "task-1")
     old_id = stale.id
-    time.sleep(TTL + 0.2)
+    wait_lapsed(client, settings, stale)
     survivor.tick()
     # The call is delivered again, under the same tag, to the survivor.
     deliver(client, settings, survivor, "tag-1", "task-1")
@@ -166,7 +195,7 @@ def test_only_the_attempt_that_started_last_stores_a_result(
     deliver(client, settings, first, "tag-1", "task-1")
     one = start(client, settings, "task-1", Holding(first.held, "tag-1"))
     assert (one.starts, one.handed_on, one.stale) == (1, False, False)  # type: ignore[attr-defined]
-    time.sleep(TTL + 0.2)
+    wait_lapsed(client, settings, first)
     second.tick()  # sweeps the first
     first_held = held_key(settings.key_prefix, first.id)
     deliver(client, settings, second, "tag-1", "task-1")
@@ -197,7 +226,7 @@ def test_a_delivery_handed_on_before_it_started_does_not_start(
     stale.tick()
     deliver(client, settings, stale, "tag-1", "task-1")
     held = stale.held
-    time.sleep(TTL + 0.2)
+    wait_lapsed(client, settings, stale)
     survivor.tick()
 
     refused = start(client, settings, "task-1", Holding(held, "tag-1"))
@@ -233,7 +262,7 @@ def test_a_call_handed_on_but_not_started_again_stores_its_late_result(
     deliver(client, settings, stale, "tag-1", "task-1")
     held = stale.held
     start(client, settings, "task-1", Holding(held, "tag-1"))
-    time.sleep(TTL + 0.2)
+    wait_lapsed(client, settings, stale)
     assert survivor.tick() == ["task-1"]  # handed on, not started again yet
 
     fence = marker_key(settings.key_prefix, "task-1")
@@ -248,20 +277,23 @@ def test_a_worker_that_could_not_renew_sweeps_no_lease_for_one_ttl(
     """Given a worker whose renewals failed (Redis was unreachable for everyone), when it
     renews again, then it sweeps no lapsed lease for one TTL: the others, back as well,
     renew theirs first and keep their calls."""
-    waking, other = make_lease(client, settings), make_lease(client, settings)
+    clock = Clock()
+    waking, other = make_lease(client, settings, clock), make_lease(client, settings)
     waking.tick()
     other.tick()
     deliver(client, settings, other, "tag-1", "task-1")
-    time.sleep(TTL + 0.2)  # both silent past their TTL
+    wait_lapsed(client, settings, waking, other)  # both silent past their TTL
 
     waking.hold_sweeps()  # what a failed renewal does
     assert waking.tick() == []  # renewed, but no sweep yet
     other.tick()  # back too, before the grace passed: renewed, not swept
 
     assert client.hexists(other.held, "tag-1")
-    time.sleep(TTL + 0.1)
+    clock.now += TTL + 0.1  # the grace has passed
     other.tick()
     assert waking.tick() == []  # sweeping again, and nothing lapsed
+    other.expire()
+    assert waking.tick() == ["task-1"]  # sweeping again indeed
 
 
 def test_a_refusal_before_the_start_is_stored_only_while_its_delivery_is_held(
@@ -279,7 +311,7 @@ def test_a_refusal_before_the_start_is_stored_only_while_its_delivery_is_held(
     held = worker.held
 
     assert store(client, "task-1", '{"status": "SUCCESS"}', fence_1, held, "tag-1") == 1
-    time.sleep(TTL + 0.2)
+    wait_lapsed(client, settings, worker)
     assert sorted(survivor.tick()) == ["task-1", "task-2"]  # neither acknowledged yet
     assert store(client, "task-2", '{"status": "SUCCESS"}', fence_2, held, "tag-2") == -1
     client.delete("store-test:task-1", "store-test:task-2")

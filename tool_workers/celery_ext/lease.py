@@ -30,6 +30,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -147,6 +148,9 @@ class Lease:
         retention: Seconds the holdings record outlives a renewal (at least the longest
             a call may be held: a record that expired falls back to the visibility
             timeout).
+        clock: This process's monotonic clock, for the waits it keeps itself (a sweep
+            held back, the watch after a lapse); the lease's own deadline is Redis's
+            time. Tests pass one they advance.
     """
 
     def __init__(
@@ -157,8 +161,10 @@ class Lease:
         ttl: float,
         refresh: float,
         retention: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
+        self._clock = clock
         self.key_prefix = key_prefix
         self.broker_prefix = broker_prefix
         self.ttl = ttl
@@ -303,7 +309,7 @@ class Lease:
             self._lapsed(lease_id)
             self.hold_sweeps()
         self.released()
-        if time.monotonic() < self._sweeps_from:
+        if self._clock() < self._sweeps_from:
             return []
         return self.sweep()
 
@@ -334,11 +340,11 @@ class Lease:
         so sweeping only a TTL later hands on the calls of workers still silent then,
         not those of every worker that was cut off together with this one.
         """
-        self._sweeps_from = time.monotonic() + self.ttl
+        self._sweeps_from = self._clock() + self.ttl
 
     def watching(self) -> bool:
         """Whether a lapse was seen lately (the running calls may have reruns elsewhere)."""
-        return time.monotonic() < self._watch_until
+        return self._clock() < self._watch_until
 
     def taken_over(self, tokens: dict[str, str]) -> list[str]:
         """Of the calls running here (task id -> this execution's holding token), those
@@ -355,7 +361,7 @@ class Lease:
 
     def _lapsed(self, lease_id: str) -> None:
         """Our lease was swept: every delivery held under it now belongs to the queue."""
-        self._watch_until = time.monotonic() + self.retention
+        self._watch_until = self._clock() + self.retention
         with self._lock:
             lost = {tag: task for tag, (lid, task) in self._holding.items() if lid == lease_id}
             self.id = uuid.uuid4().hex
