@@ -18,10 +18,10 @@ the tool modules named by ``TOOLFLEET_TOOL_MODULES`` and registers one task per 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+import typing
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from tool_workers.contract.models import PROTOCOL_VERSION, ToolRequest, ToolResult
     from tool_workers.contract.settings import Settings
     from tool_workers.runtime.context import CallContext, current_call
@@ -53,14 +53,14 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> typing.Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'tool_workers' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
+    value = getattr(_importlib.import_module(home), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+    return sorted({*globals(), *__all__})
