@@ -47,6 +47,42 @@ class Thread(BaseModel):
     interrupts: dict[str, Any] = Field(default_factory=dict)
 
 
+class StoragePart(BaseModel):
+    """How many of a kind of record a thread's checkpoints hold, and their bytes."""
+
+    count: int
+    bytes: int
+
+
+class ChannelStorage(BaseModel):
+    """One channel's stored versions and their bytes."""
+
+    versions: int
+    bytes: int
+
+
+class ChannelValuesStorage(StoragePart):
+    """The channel values of a thread's checkpoints, each version once."""
+
+    by_channel: dict[str, ChannelStorage]
+
+
+class ThreadStorage(BaseModel):
+    """``GET /threads/{id}/storage``: the bytes a thread's checkpoints occupy."""
+
+    thread_id: str
+    total_bytes: int
+    checkpoints: StoragePart
+    channel_values: ChannelValuesStorage
+    pending_writes: StoragePart
+
+
+class PruneResult(BaseModel):
+    """``POST /threads/prune``: how many of the threads named were deleted."""
+
+    pruned_count: int
+
+
 class Run(BaseModel):
     """One invocation of the agent on a thread."""
 
