@@ -15,7 +15,13 @@ from orchestrator.server.errors import Conflict, NotFound, Unsupported
 from orchestrator.server.keys import Keys
 from orchestrator.server.openapi import CONFLICT, NOT_FOUND
 from orchestrator.server.records import ThreadRecord
-from orchestrator.server.responses import PruneResult, Thread, ThreadState, ThreadStorage
+from orchestrator.server.responses import (
+    SELECTED_THREADS,
+    PruneResult,
+    Thread,
+    ThreadState,
+    ThreadStorage,
+)
 from orchestrator.server.runconfig import thread_config
 from orchestrator.server.schemas import (
     ID_MAX_CHARS,
@@ -52,7 +58,12 @@ async def existing_thread(svc: Services, tenant: str, thread_id: str) -> ThreadR
     return record
 
 
-@router.post("", response_model=Thread, responses=CONFLICT)
+_NO_GRAPH: dict[int | str, dict[str, Any]] = {
+    400: {"description": "supersteps without a graph_id of this server in metadata"}
+}
+
+
+@router.post("", response_model=Thread, responses={**CONFLICT, **_NO_GRAPH})
 async def create_thread(svc: Svc, tenant: Tenant, body: ThreadCreate) -> Response:
     """Create a thread (``if_exists``: ``raise`` answers 409, ``do_nothing`` returns it),
     with the history of ``supersteps`` if given (written only to a thread it creates)."""
@@ -75,7 +86,7 @@ async def create_thread(svc: Svc, tenant: Tenant, body: ThreadCreate) -> Respons
     )
 
 
-@router.post("/search", response_model=list[Thread])
+@router.post("/search", response_model=SELECTED_THREADS)
 async def search_threads(svc: Svc, tenant: Tenant, body: ThreadSearch) -> Response:
     """The tenant's threads matching the metadata, status and ids given, in the order
     asked for (default: the most recently updated first)."""
