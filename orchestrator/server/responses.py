@@ -3,9 +3,9 @@ reads them (the request bodies are :mod:`orchestrator.server.schemas`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from orchestrator.server.schemas import RunStatus, ThreadStatus
 
@@ -45,6 +45,42 @@ class Thread(BaseModel):
     """The config of the thread's runs, merged run by run."""
     values: Any = None
     interrupts: dict[str, Any] = Field(default_factory=dict)
+
+
+class StoragePart(BaseModel):
+    """How many of a kind of record a thread's checkpoints hold, and their bytes."""
+
+    count: int
+    bytes: int
+
+
+class ChannelStorage(BaseModel):
+    """One channel's stored versions and their bytes."""
+
+    versions: int
+    bytes: int
+
+
+class ChannelValuesStorage(StoragePart):
+    """The channel values of a thread's checkpoints, each version once."""
+
+    by_channel: dict[str, ChannelStorage]
+
+
+class ThreadStorage(BaseModel):
+    """``GET /threads/{id}/storage``: the bytes a thread's checkpoints occupy."""
+
+    thread_id: str
+    total_bytes: int
+    checkpoints: StoragePart
+    channel_values: ChannelValuesStorage
+    pending_writes: StoragePart
+
+
+class PruneResult(BaseModel):
+    """``POST /threads/prune``: how many of the threads named were deleted."""
+
+    pruned_count: int
 
 
 class Run(BaseModel):
@@ -90,3 +126,19 @@ class ThreadUpdated(BaseModel):
     configurable: dict[str, Any]
     """The same as ``checkpoint`` (older clients read this)."""
     checkpoint_id: str
+
+
+def selected(model: type[BaseModel]) -> type[BaseModel]:
+    """``model`` as a search answers it with ``select``: only the fields asked for, so
+    none of them is required (the document must not promise the others)."""
+    fields: dict[str, Any] = {
+        name: (Optional[field.annotation], None)  # noqa: UP045 (a runtime type)
+        for name, field in model.model_fields.items()
+    }
+    return create_model(f"Selected{model.__name__}", __doc__=model.__doc__, **fields)
+
+
+SELECTED_THREADS: Any = list[selected(Thread)]  # type: ignore[misc]
+"""What ``POST /threads/search`` answers."""
+SELECTED_ASSISTANTS: Any = list[selected(Assistant)]  # type: ignore[misc]
+"""What ``POST /assistants/search`` answers."""

@@ -198,7 +198,8 @@ class RunManager(RunLookup):
         if thread is None:
             if not temporary and body.if_not_exists != "create":
                 raise NotFound(f"thread {thread_id} not found")
-            thread, made_thread = await self.store.create_thread(tenant, thread_id, {})
+            # As LangGraph's server: a thread a run makes starts with the run's metadata.
+            thread, made_thread = await self.store.create_thread(tenant, thread_id, body.metadata)
         # All or nothing from here: a request that fails leaves no thread, run or lock.
         admitted = stored = False
         try:

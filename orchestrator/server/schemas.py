@@ -1,9 +1,10 @@
 """Request bodies of the Agent Protocol subset toolfleet serves, and their limits (the
 responses are :mod:`orchestrator.server.responses`).
 
-Field names and defaults follow what ``langgraph-sdk`` sends and reads. Unknown request
-fields are ignored (newer clients send more than this server uses); a field of the wrong
-type or value is a 422 that names it.
+Field names and defaults follow what ``langgraph-sdk`` sends and reads. A field this
+server does not know is a 422 that names it, as is a field of the wrong type or value: a
+request is carried out as sent, or refused, never carried out in part. The one open
+object is a run's ``config`` (:class:`RunConfig`).
 """
 
 from __future__ import annotations
@@ -167,8 +168,8 @@ def decimal(text: Any, most: int) -> int | None:
 
 
 class RequestBody(BaseModel):
-    """A request body: unknown fields ignored, each field of its documented JSON type,
-    and every string of it encodable.
+    """A request body: only its documented fields (another is a 422 naming it), each of
+    its documented JSON type, and every string of it encodable.
 
     Types are strict: ``false`` is not the integer 0, ``"5"`` is not 5 and ``1`` is not
     ``true``, so a value the document refuses is a 422 here too, never a guess.
@@ -178,7 +179,7 @@ class RequestBody(BaseModel):
     anything is stored.
     """
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -201,7 +202,14 @@ WebhookUrl = Annotated[
 
 
 class RunConfig(RequestBody):
-    """The ``config`` of a run: LangGraph's ``RunnableConfig``, primitives only."""
+    """The ``config`` of a run: LangGraph's ``RunnableConfig``, primitives only.
+
+    The one body that keeps other keys out without refusing them: a ``RunnableConfig``
+    is open (``RemoteGraph`` sends its ``metadata``, an assistant's stored config may
+    hold ``run_name`` or ``max_concurrency``), and LangGraph's server takes it open too.
+    """
+
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     tags: list[str] = Field(default_factory=list)
     recursion_limit: int | None = Field(default=None, gt=0, le=100_000)
@@ -443,6 +451,16 @@ class ThreadSearch(RequestBody):
     extract: Extract | None = None
     """Values picked out of each thread (``alias: "values.messages[-1].content"``), in
     its ``extracted`` field."""
+
+
+class ThreadPrune(RequestBody):
+    """Body of ``POST /threads/prune``."""
+
+    thread_ids: Annotated[list[Id], Field(max_length=1000)]
+    """The threads to delete (ids of no thread of the tenant's are left out of the count)."""
+    strategy: Literal["delete", "keep_latest"] = "delete"
+    """``delete`` removes each thread; ``keep_latest`` (keep only the latest checkpoint)
+    is a 422 here, as on LangGraph's in-memory server."""
 
 
 class HistoryRequest(RequestBody):

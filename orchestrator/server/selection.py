@@ -2,7 +2,9 @@
 ``select``, values picked out by ``extract`` paths, and the filter on state ``values``.
 
 A path is a field of the item, then keys and list indexes: ``values.messages[-1].content``.
-A path that does not resolve picks ``None``; keys starting with ``_`` never resolve.
+A path that does not resolve picks ``None``; keys starting with ``_`` never resolve. A
+step into a value that is not JSON yet (a message of the state) reads its JSON form, the
+one the client is answered with (a message's ``content``, ``type``, ...).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from orchestrator.server.encoding import dumps, loads
 
 _STEP = re.compile(r"\.|\[")
 
@@ -38,6 +42,8 @@ def value_at(item: Mapping[str, Any], path: str) -> Any:
             continue
         if part.startswith("_"):
             return None
+        if not isinstance(current, dict | list | str | int | float | bool):
+            current = loads(dumps(current))
         if part.endswith("]"):
             try:
                 index = int(part[:-1])

@@ -2,7 +2,8 @@
 
 ``POST /threads/{thread_id}/stream/events`` reads the thread's runs oldest first, each
 from the start of its event log (the log every other stream of the run reads), and turns
-each logged part into the protocol's envelope, as LangGraph's server does::
+each logged part into the protocol's envelope, as LangGraph's server does (a run already
+over when the connection opens is sent only if :func:`replayed`)::
 
     {"type": "event", "event_id": "<log entry id>", "seq": 7, "method": "values",
      "params": {"namespace": [], "timestamp": 1700000000000, "data": {...}}}
@@ -434,6 +435,16 @@ def _block(block: dict[str, Any]) -> dict[str, Any]:
     if block["type"] in _BLOCK_TYPES:
         return block
     return {"type": "non_standard", "value": dict(block)}
+
+
+def replayed(run: RunRecord) -> bool:
+    """Whether a run over before a connection opened is sent to it, as LangGraph's server
+    keeps a run's events for later readers: only a resumable one (``stream_resumable``,
+    which every run of a thread command is), or one stopped at an interrupt the thread
+    still waits on. Another finished run is history: replaying its ``completed`` would
+    end a new client's wait for the run it is about to start (``thread.output`` would be
+    the old state)."""
+    return not run.done or run.status == "interrupted" or bool(run.kwargs.get("stream_resumable"))
 
 
 # -- reading a thread --------------------------------------------------------------------------

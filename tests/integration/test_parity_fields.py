@@ -202,6 +202,66 @@ def test_search_selects_extracts_and_filters_by_values(pair: ApiPair) -> None:
     assert ours[7:] == theirs[7:] == [422, 422, 422, 422]
 
 
+def test_extract_reads_list_indexes_of_messages(pair: ApiPair) -> None:
+    """Given a thread the fleet agent answered, when threads are searched with extract
+    paths through the messages list (``[-1]``, ``[0]``, out of range), then both servers
+    pick the same values: the last message's text, the first one's type, and null."""
+    tag = uuid.uuid4().hex
+
+    async def scenario(c: Any) -> list[Any]:
+        thread = await c.threads.create(metadata={"tag": tag})
+        hello = {"messages": [{"role": "user", "content": "hello"}]}
+        await c.runs.wait(thread["thread_id"], "fleet", input=hello)
+        found = await c.threads.search(
+            metadata={"tag": tag},
+            select=["thread_id"],
+            extract={
+                "last": "values.messages[-1].content",
+                "first_type": "values.messages[0].type",
+                "beyond": "values.messages[9].content",
+            },
+        )
+        return [t["extracted"] for t in found]
+
+    ours, theirs = pair.both(scenario)
+
+    assert ours == theirs == [{"last": "echo: hello", "first_type": "human", "beyond": None}]
+
+
+def test_a_kept_stateless_run_leaves_its_metadata_on_the_thread(pair: ApiPair) -> None:
+    """Given a run without a thread, with metadata and ``on_completion="keep"``, then the
+    thread kept for it carries the run's metadata beside its graph and assistant, on
+    both servers (and a thread made by ``if_not_exists="create"`` likewise)."""
+    tag = uuid.uuid4().hex
+
+    async def scenario(c: Any) -> list[Any]:
+        await c.runs.wait(
+            None, "made", input={}, metadata={"tag": tag, "n": 1}, on_completion="keep"
+        )
+        kept = await c.threads.search(metadata={"tag": tag})
+        made = await c.runs.wait(
+            str(uuid.uuid4()),
+            "made",
+            input={},
+            metadata={"tag": tag, "n": 2},
+            if_not_exists="create",
+        )
+        created = await c.threads.search(metadata={"tag": tag, "n": 2})
+        return [
+            [t["metadata"] for t in kept],
+            [t["metadata"] for t in created],
+            made["runs"],
+        ]
+
+    ours, theirs = pair.both(scenario)
+
+    wanted = {"tag": tag, "graph_id": "made"}
+    for result in (ours, theirs):
+        assert [{k: m[k] for k in (*wanted, "n")} for m in result[0]] == [{**wanted, "n": 1}]
+        assert [{k: m[k] for k in (*wanted, "n")} for m in result[1]] == [{**wanted, "n": 2}]
+    assert shape(ours[:2]) == shape(theirs[:2])
+
+
 def test_refusals_name_the_field(pair: ApiPair) -> None:
     """Given what toolfleet cannot do as asked, then it refuses and writes nothing:
     supersteps without a graph (400), supersteps the graph refuses (422 naming

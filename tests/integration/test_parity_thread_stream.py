@@ -117,6 +117,47 @@ def test_a_run_started_and_streamed_through_thread_commands(pair: ApiPair) -> No
     assert ours["output"] == ["human", "ai", "tool", "ai"]
 
 
+def text_of(message: dict[str, Any]) -> str:
+    """A message's text, whether its content is a string or a list of blocks."""
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+
+
+@pytest.mark.parametrize("first_by", ["runs.wait", "runs.create"])
+def test_a_second_run_on_a_thread_yields_its_own_output(pair: ApiPair, first_by: str) -> None:
+    """Given a thread whose first run is over (started by ``runs.wait``, or by
+    ``runs.create`` and joined), when ``client.threads.stream`` on that thread starts
+    another run, then ``thread.output`` is the new run's final values (the answer to the
+    second question), not the state the first run left, on both servers. (A resumable
+    first run, as one a thread command starts, is replayed to the client on both
+    servers: its ``completed`` then ends the SDK's wait, LangGraph's own behaviour.)"""
+
+    def said(text: str) -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": text}]}
+
+    async def scenario(c: Any) -> dict[str, Any]:
+        tid = (await c.threads.create())["thread_id"]
+        if first_by == "runs.wait":
+            await c.runs.wait(tid, "fleet", input=said("first"))
+        else:
+            first = await c.runs.create(tid, "fleet", input=said("first"))
+            await c.runs.join(tid, first["run_id"])
+        async with c.threads.stream(tid, assistant_id="fleet") as thread:
+            await thread.run.start(input=said("second"))
+            output = await thread.output.with_timeout(60)
+        return {
+            "answer": text_of(output["messages"][-1]),
+            "count": len(output["messages"]),
+        }
+
+    ours, theirs = pair.both(scenario)
+
+    assert theirs == {"answer": "echo: second", "count": 4}
+    assert ours == theirs
+
+
 def test_an_interrupt_answered_with_input_respond(pair: ApiPair) -> None:
     """Given a run of ``approval`` that stops for an answer, when the client sees the
     interrupt (``thread.interrupted``) and answers it with ``thread.run.respond``, then

@@ -185,6 +185,78 @@ def test_bad_bodies_are_422_on_both(pair: ApiPair) -> None:
     assert ours == theirs == [422, 422]
 
 
+def test_prune_deletes_the_threads_it_names(pair: ApiPair) -> None:
+    """Given two threads, when threads.prune names them and one that does not exist,
+    then both servers count the two pruned, the threads are gone, an empty list prunes
+    nothing, and an unknown strategy is a 422."""
+
+    async def scenario(c: Any) -> list[Any]:
+        ids = [(await c.threads.create())["thread_id"] for _ in range(2)]
+        pruned = await c.threads.prune([*ids, str(uuid.uuid4())])
+        gone = [await status_of(c.threads.get(tid)) for tid in ids]
+        empty = await c.threads.prune([])
+        bad = await status_of(
+            c.http.post("/threads/prune", json={"thread_ids": ids, "strategy": "x"})
+        )
+        missing = await status_of(c.http.post("/threads/prune", json={}))
+        return [pruned, gone, empty, bad, missing]
+
+    ours, theirs = pair.both(scenario)
+
+    assert ours == theirs == [{"pruned_count": 2}, [404, 404], {"pruned_count": 0}, 422, 422]
+
+
+def test_storage_reports_the_threads_checkpoints(pair: ApiPair) -> None:
+    """Given a thread the made graph ran on twice, when its storage is read, then both
+    servers answer the same report: checkpoints, channel values by channel and pending
+    writes, each counted and sized; an unknown thread is a 404."""
+
+    async def scenario(c: Any) -> list[Any]:
+        tid = (await c.threads.create())["thread_id"]
+        for _ in range(2):
+            await c.runs.wait(tid, "made", input={})
+        report = await c.http.get(f"/threads/{tid}/storage")
+        missing = await status_of(c.http.get(f"/threads/{uuid.uuid4()}/storage"))
+        return [report, missing]
+
+    ours, theirs = pair.both(scenario)
+
+    assert shape(ours) == shape(theirs)
+    assert ours[1] == theirs[1] == 404
+    report = ours[0]
+    assert report["checkpoints"]["count"] == theirs[0]["checkpoints"]["count"] > 0
+    assert report["channel_values"]["count"] > 0
+    assert set(report["channel_values"]["by_channel"]) == set(
+        theirs[0]["channel_values"]["by_channel"]
+    )
+    parts = ("checkpoints", "channel_values", "pending_writes")
+    assert report["total_bytes"] == sum(report[p]["bytes"] for p in parts) > 0
+
+
+def test_join_stream_honours_stream_modes(pair: ApiPair) -> None:
+    """Given a thread whose resumable run is over, when a client joins its stream after
+    the run's first part with ``stream_modes=lifecycle`` (the name LangGraph's server
+    reads), then both servers send only the run's closing metadata."""
+
+    async def scenario(c: Any) -> list[tuple[str, Any]]:
+        tid = (await c.threads.create())["thread_id"]
+        parts = [
+            p
+            async for p in c.runs.stream(
+                tid, "made", input={}, stream_mode=["values", "updates"], stream_resumable=True
+            )
+        ]
+        first = next(p for p in parts if p.id and p.event != "metadata")
+        return await asyncio.wait_for(
+            joined(c, tid, 1, last_event_id=first.id, params={"stream_modes": "lifecycle"}), 30
+        )
+
+    ours, theirs = pair.both(scenario)
+
+    assert [e for e, _ in ours] == [e for e, _ in theirs] == ["metadata"]
+    assert ours[0][1]["status"] == theirs[0][1]["status"] == "run_done"
+
+
 async def joined(c: Any, tid: str, runs: int, **kwargs: Any) -> list[tuple[str, Any]]:
     """The thread stream's events until ``runs`` runs are done: (event, data) pairs."""
     seen: list[tuple[str, Any]] = []

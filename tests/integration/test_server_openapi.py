@@ -91,8 +91,9 @@ def test_every_operation_answers_as_documented(server: ServerProcess) -> None:
 
 
 def test_the_document_states_the_refusals(server: ServerProcess) -> None:
-    """The 422's ``detail`` is a string, refusals are documented, and a 405 names every
-    method its path allows."""
+    """The 422's ``detail`` is a string, refusals are documented (an unknown body field
+    among them), threads' prune and storage are there, and a 405 names every method its
+    path allows."""
     document = httpx.get(f"{server.url}/openapi.json").json()
     invalid = document["components"]["schemas"]["HTTPValidationError"]
     assert invalid["properties"]["detail"]["type"] == "string"
@@ -100,6 +101,12 @@ def test_the_document_states_the_refusals(server: ServerProcess) -> None:
     assert {"200", "401", "404", "409", "413", "422", "429"} <= set(runs)
     cancel = document["paths"]["/threads/{thread_id}/runs/{run_id}/cancel"]["post"]
     assert "202" in cancel["responses"]
+    storage = document["paths"]["/threads/{thread_id}/storage"]["get"]["responses"]
+    assert {"200", "404"} <= set(storage)
+    assert "422" in document["paths"]["/threads/prune"]["post"]["responses"]
+    # A body takes only its own fields: the document says so, and a fuzzed extra is a 422.
+    for name in ("ThreadCreate", "RunCreate", "AssistantCreate", "ItemPut", "ThreadPrune"):
+        assert document["components"]["schemas"][name]["additionalProperties"] is False, name
     token = server.settings.api_tokens[0]
     refused = httpx.put(
         f"{server.url}/threads/some-thread", headers={"Authorization": f"Bearer {token}"}

@@ -128,6 +128,44 @@ def test_a_value_of_another_json_type_is_422_naming_the_field(
     assert server_keys(server, redis_url) == before
 
 
+# A field the server does not know is refused, not dropped: a request is carried out as
+# sent or not at all (a misspelt "metdata" or a newer client's option never vanishes).
+UNKNOWN = [
+    ("POST", "/threads", {"metdata": {"a": 1}}, "metdata"),
+    ("POST", "/threads/search", {"limit": 1, "sortby": "created_at"}, "sortby"),
+    ("POST", "/threads/count", {"where": {}}, "where"),
+    ("PATCH", "/threads/{thread}", {"metadata": {}, "color": "red"}, "color"),
+    ("POST", "/threads/{thread}/history", {"limit": 1, "page": 2}, "page"),
+    ("POST", "/threads/{thread}/state", {"values": {}, "as_nodes": "x"}, "as_nodes"),
+    ("POST", "/threads/{thread}/runs", agent(strict_resume=True), "strict_resume"),
+    ("POST", "/runs/wait", agent(langsmith_tracer={"project_name": "p"}), "langsmith_tracer"),
+    ("POST", "/runs/stream", agent(command={"resume": 1, "goto_node": "x"}), "goto_node"),
+    ("POST", "/assistants", {"graph_id": "agent", "temperature": 0.2}, "temperature"),
+    ("POST", "/assistants/search", {"graph": "agent"}, "graph"),
+    ("PUT", "/store/items", {"namespace": ["a"], "key": "k", "value": {}, "tll": 5}, "tll"),
+    ("POST", "/store/items/search", {"namespace": ["a"]}, "namespace"),
+    ("POST", "/threads/prune", {"thread_ids": [], "dry_run": True}, "dry_run"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "field"), UNKNOWN)
+def test_an_unknown_field_is_422_naming_it_and_leaves_nothing(
+    server: ServerProcess,
+    http: httpx.Client,
+    redis_url: str,
+    method: str,
+    path: str,
+    body: Any,
+    field: str,
+) -> None:
+    thread = http.post("/threads", json={}).json()["thread_id"]
+    before = server_keys(server, redis_url)
+    response = http.request(method, path.format(thread=thread), json=body)
+    assert response.status_code == 422, response.text
+    assert field in str(response.json()["detail"])
+    assert server_keys(server, redis_url) == before
+
+
 def test_history_filter_keys_must_be_plain_names(http: httpx.Client) -> None:
     """Given a thread, then a history filter key with a space is a 422 (the SQLite
     checkpointer would refuse it with a 500); a plain key filters."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +238,24 @@ def test_the_sandbox_worker_gives_each_call_namespaces_of_its_own(
     for config in of_kind(resources, "ConfigMap"):
         value = config["data"].get("TOOLFLEET_SANDBOX_MIN_ISOLATION")
         assert value in (None, "", "namespaces"), config["metadata"]["name"]
+
+
+def test_every_image_is_pinned_to_a_version(overlay: tuple[str, list[dict[str, Any]]]) -> None:
+    """Given an overlay, then every container's image names a tag that is not ``latest``
+    (a rollout or a node pulling again runs what was tested), and toolfleet's own image
+    is the package's version."""
+    _, resources = overlay
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    for workload in resources:
+        if workload["kind"] not in kustomize.WORKLOADS:
+            continue
+        spec = workload["spec"]["template"]["spec"]
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
+            image = container["image"]
+            name, _, tag = image.rpartition(":") if "@" not in image else (image, "", "digest")
+            assert name and "/" not in tag and tag not in ("", "latest"), image
+            if name.rsplit("/", 1)[-1] == "toolfleet":
+                assert tag == version, image
 
 
 def test_secrets_are_referenced_never_embedded(

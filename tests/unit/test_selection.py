@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from langchain_core.messages import AIMessage, HumanMessage
+
 from orchestrator.server.selection import contains, extracted, picked, value_at
 
 THREAD = {
@@ -56,3 +58,13 @@ def test_contains_compares_objects_key_by_key() -> None:
     assert not contains(values, {"missing": None})
     assert not contains(None, {"n": 1})
     assert contains(values, {})
+
+
+def test_paths_step_into_messages_by_their_json_form() -> None:
+    """Given state holding message objects (as a thread's values do), then a path reads
+    their fields as the client sees them, from the end of the list too."""
+    item = {"values": {"messages": [HumanMessage("hi"), AIMessage("hello")]}}
+    assert value_at(item, "values.messages[-1].content") == "hello"
+    assert value_at(item, "values.messages[0].type") == "human"
+    assert value_at(item, "values.messages[-3].content") is None
+    assert value_at(item, "values.messages[0]._private") is None

@@ -172,9 +172,13 @@ def test_given_run_bodies_then_defaults_and_refusals_follow_the_protocol() -> No
     body = RunCreate.model_validate({"assistant_id": "agent", "stream_mode": "updates"})
     assert body.stream_mode == ["updates"]
     assert body.multitask_strategy == "enqueue" and body.on_disconnect == "continue"
-    assert RunCreate.model_validate({"assistant_id": "agent", "unknown": 1}).stream_mode == [
-        "values"
-    ]
+    with pytest.raises(ValidationError) as unknown:
+        RunCreate.model_validate({"assistant_id": "agent", "unknown": 1, "langsmith_tracer": {}})
+    assert {e["loc"][-1] for e in unknown.value.errors()} == {"unknown", "langsmith_tracer"}
+    assert {e["type"] for e in unknown.value.errors()} == {"extra_forbidden"}
+    # A config is a RunnableConfig, open as LangGraph's: keys beyond these are dropped.
+    config = {"configurable": {"x": 1}, "metadata": {"from": "RemoteGraph"}, "run_name": "r"}
+    assert RunCreate.model_validate({"assistant_id": "agent", "config": config}).config
     for bad in ({"stream_mode": ["sideways"]}, {"multitask_strategy": "later"}):
         with pytest.raises(ValidationError) as caught:
             RunCreate.model_validate({"assistant_id": "agent", **bad})

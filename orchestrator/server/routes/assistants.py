@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Response
 
 from orchestrator.server.openapi import NOT_FOUND
-from orchestrator.server.responses import Assistant
+from orchestrator.server.responses import SELECTED_ASSISTANTS, Assistant
 from orchestrator.server.schemas import AssistantCount, AssistantSearch, ItemId
 from orchestrator.server.selection import picked
 from orchestrator.server.services import Services, Svc, Tenant, json_response
@@ -16,7 +16,7 @@ from orchestrator.server.services import Services, Svc, Tenant, json_response
 router = APIRouter(prefix="/assistants", tags=["assistants"])
 
 
-@router.post("/search", response_model=list[Assistant])
+@router.post("/search", response_model=SELECTED_ASSISTANTS)
 async def search_assistants(svc: Svc, tenant: Tenant, body: AssistantSearch) -> Response:
     """Assistants matching the graph id, name and metadata given, in the order asked for."""
     found = await _matching(svc, tenant, body)

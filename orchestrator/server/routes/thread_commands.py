@@ -49,6 +49,7 @@ from orchestrator.server.threadevents import (
     MAX_SEQ,
     Filter,
     parse_filter,
+    replayed,
     run_events,
 )
 
@@ -381,6 +382,7 @@ async def _frames(svc: Services, thread: str, wanted: Filter, since: int) -> Asy
     recent = await newest_runs(svc, thread, REPLAY_WINDOW)
     seen = {r.run_id for r in recent}
     due = list(reversed(recent))  # every run of the thread, oldest first
+    hidden = {r.run_id for r in recent if not replayed(r)}
     async for run in thread_runs(svc, thread, seen, due):
         if run is None:
             yield SSE_HEARTBEAT
@@ -390,8 +392,8 @@ async def _frames(svc: Services, thread: str, wanted: Filter, since: int) -> Asy
             if event is None:
                 yield SSE_HEARTBEAT
                 continue
-            seq += 1
-            if seq <= since or not wanted.matches(event):
+            seq += 1  # a hidden run's events are numbered too: seq is the same everywhere
+            if seq <= since or run.run_id in hidden or not wanted.matches(event):
                 continue
             event["seq"] = seq
             yield sse_frame(event["method"], dumps(event), str(seq))

@@ -4,12 +4,12 @@ events as they come, one run after the other, for as long as the client listens.
 As on LangGraph's server: every run of the thread that starts (or is still going) while
 the client listens is streamed from its start, each run's events opened by its
 ``metadata`` event and closed by ``metadata`` ``{"status": "run_done", "run_id": ...}``;
-``stream_mode`` ``run_modes`` (the default) sends all of them, ``lifecycle`` only the two
-``metadata`` events of each run. With ``Last-Event-ID`` the runs already finished are
-replayed too, from just after that event (event ids grow with time across a thread's
-runs, so one id says where a client stopped in all of them; a run's opening ``metadata``
-is sent again only for a run created after it). Between runs a comment line
-keeps the connection open.
+``stream_modes`` (or ``stream_mode``, the name the Python client sends) ``run_modes`` (the
+default) sends all of them, ``lifecycle`` only the two ``metadata`` events of each run.
+With ``Last-Event-ID`` the runs already finished are replayed too, from just after that
+event (event ids grow with time across a thread's runs, so one id says where a client
+stopped in all of them; a run's opening ``metadata`` is sent again only for a run created
+after it). Between runs a comment line keeps the connection open.
 
 What a listener costs does not grow with the thread's history: while no run streams,
 each look for a new run reads the ids of the thread's :data:`WATCH` newest runs (one
@@ -30,6 +30,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
+from pydantic import StringConstraints
 
 from orchestrator.server.encoding import SSE_HEARTBEAT, dumps, sse_frame
 from orchestrator.server.errors import Unsupported
@@ -59,6 +60,11 @@ REPLAY_WINDOW = 1_000
 
 ThreadStreamMode = Literal["run_modes", "lifecycle", "state_update"]
 
+_MODE = "(run_modes|lifecycle|state_update)"
+StreamModes = Annotated[str, StringConstraints(max_length=200, pattern=f"^{_MODE}(,{_MODE})*$")]
+"""One ``stream_modes`` value: a mode, or modes joined by commas (as LangGraph's server
+reads them)."""
+
 
 @router.get(
     "/{thread_id}/stream",
@@ -77,6 +83,14 @@ async def join_thread_stream(
     thread_id: ThreadId,
     # Not "| None": a nullable query parameter is documented as taking the text "null".
     stream_mode: Annotated[list[ThreadStreamMode], Query()] = ["run_modes"],  # noqa: B006
+    stream_modes: Annotated[
+        list[StreamModes],
+        Query(
+            max_length=10,
+            description="The modes, as LangGraph's server names the parameter (a mode, "
+            "or modes joined by commas; repeated too); it wins over ``stream_mode``",
+        ),
+    ] = [],  # noqa: B006
     last_event_id: Annotated[str | None, Header(max_length=64)] = None,
 ) -> StreamingResponse:
     """Stream the thread's runs as they come (after ``Last-Event-ID``: replaying those
@@ -87,7 +101,8 @@ async def join_thread_stream(
             parse_id(last_event_id)
         except ValueError:
             raise Unsupported("Last-Event-ID is not an event id of this server") from None
-    modes: set[str] = set(stream_mode)
+    named = {mode for value in stream_modes for mode in value.split(",")}
+    modes: set[str] = named or set(stream_mode)
     body = _frames(svc, record.key, modes, last_event_id)
     headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     return HeldStreamingResponse(

@@ -9,13 +9,20 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
 
+from orchestrator.server.checkpoints import thread_storage
 from orchestrator.server.encoding import thread_state
-from orchestrator.server.errors import Conflict, NotFound
+from orchestrator.server.errors import Conflict, NotFound, Unsupported
 from orchestrator.server.guards import runlist
 from orchestrator.server.keys import Keys
 from orchestrator.server.openapi import CONFLICT, NOT_FOUND
 from orchestrator.server.records import ThreadRecord
-from orchestrator.server.responses import Thread, ThreadState
+from orchestrator.server.responses import (
+    SELECTED_THREADS,
+    PruneResult,
+    Thread,
+    ThreadState,
+    ThreadStorage,
+)
 from orchestrator.server.runconfig import thread_config
 from orchestrator.server.schemas import (
     ID_MAX_CHARS,
@@ -25,6 +32,7 @@ from orchestrator.server.schemas import (
     StateAtCheckpoint,
     ThreadCreate,
     ThreadId,
+    ThreadPrune,
     ThreadSearch,
 )
 from orchestrator.server.selection import contains, extracted, picked
@@ -51,7 +59,12 @@ async def existing_thread(svc: Services, tenant: str, thread_id: str) -> ThreadR
     return record
 
 
-@router.post("", response_model=Thread, responses=CONFLICT)
+_NO_GRAPH: dict[int | str, dict[str, Any]] = {
+    400: {"description": "supersteps without a graph_id of this server in metadata"}
+}
+
+
+@router.post("", response_model=Thread, responses={**CONFLICT, **_NO_GRAPH})
 async def create_thread(svc: Svc, tenant: Tenant, body: ThreadCreate) -> Response:
     """Create a thread (``if_exists``: ``raise`` answers 409, ``do_nothing`` returns it),
     with the history of ``supersteps`` if given (written only to a thread it creates)."""
@@ -74,7 +87,7 @@ async def create_thread(svc: Svc, tenant: Tenant, body: ThreadCreate) -> Respons
     )
 
 
-@router.post("/search", response_model=list[Thread])
+@router.post("/search", response_model=SELECTED_THREADS)
 async def search_threads(svc: Svc, tenant: Tenant, body: ThreadSearch) -> Response:
     """The tenant's threads matching the metadata, status and ids given, in the order
     asked for (default: the most recently updated first)."""
@@ -100,6 +113,22 @@ async def search_threads(svc: Svc, tenant: Tenant, body: ThreadSearch) -> Respon
     if body.select:  # the extracted values stay: they were asked for too
         threads = [picked(t, [*body.select, "extracted"]) for t in threads]
     return json_response(threads)
+
+
+@router.post("/prune", response_model=PruneResult)
+async def prune_threads(svc: Svc, tenant: Tenant, body: ThreadPrune) -> Response:
+    """Delete the tenant's threads of ``thread_ids`` (their runs cancelled, their
+    checkpoints deleted), counting those deleted; ids of no thread of the tenant's are
+    skipped. ``strategy`` ``keep_latest`` is a 422 (not implemented)."""
+    pruned = 0
+    if body.thread_ids and body.strategy == "keep_latest":
+        raise Unsupported("strategy keep_latest is not supported: prune with delete")
+    for thread_id in dict.fromkeys(body.thread_ids):
+        record = await svc.store.thread(thread_key(tenant, thread_id))
+        if record is not None:
+            await remove_thread(svc, record)
+            pruned += 1
+    return json_response({"pruned_count": pruned})
 
 
 INCLUDE = r"^ *(ttl)? *(, *(ttl)? *)*$"
@@ -159,6 +188,15 @@ async def remove_thread(svc: Services, record: ThreadRecord) -> None:
             await svc.runs.cancel(run)
     await svc.checkpointer.adelete_thread(record.key)
     await svc.store.delete_thread(record.key)
+
+
+@router.get("/{thread_id}/storage", response_model=ThreadStorage, responses=NOT_FOUND)
+async def get_storage(svc: Svc, tenant: Tenant, thread_id: ThreadId) -> Response:
+    """The bytes the thread's checkpoints occupy: checkpoints, channel values (per
+    channel, each version once) and pending writes, as the checkpointer serializes them."""
+    record = await existing_thread(svc, tenant, thread_id)
+    report = await thread_storage(svc.checkpointer, record.key)
+    return json_response({"thread_id": thread_id, **report})
 
 
 @router.get("/{thread_id}/state", response_model=ThreadState, responses=NOT_FOUND)
