@@ -458,9 +458,9 @@ class ThreadPrune(RequestBody):
 
     thread_ids: Annotated[list[Id], Field(max_length=1000)]
     """The threads to delete (ids of no thread of the tenant's are left out of the count)."""
-    strategy: Literal["delete", "keep_latest"] = "delete"
-    """``delete`` removes each thread; ``keep_latest`` (keep only the latest checkpoint)
-    is a 422 here, as on LangGraph's in-memory server."""
+    strategy: Literal["delete"] = "delete"
+    """``delete`` removes each thread. LangGraph's ``keep_latest`` (keep only the latest
+    checkpoint) is a 422 here, as on its in-memory server."""
 
 
 class HistoryRequest(RequestBody):

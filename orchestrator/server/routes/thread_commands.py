@@ -80,7 +80,8 @@ _COMMAND_BODY = {
                     "type": "object",
                     "required": ["id", "method"],
                     "properties": {
-                        "id": {"type": "integer"},
+                        # The ids a JSON parser reads as integers (64 bits).
+                        "id": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
                         "method": {"type": "string", "enum": ["run.start", "input.respond"]},
                         "params": {"type": "object"},
                     },

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Response
 
 from orchestrator.server.checkpoints import thread_storage
 from orchestrator.server.encoding import thread_state
-from orchestrator.server.errors import Conflict, NotFound, Unsupported
+from orchestrator.server.errors import Conflict, NotFound
 from orchestrator.server.guards import runlist
 from orchestrator.server.keys import Keys
 from orchestrator.server.openapi import CONFLICT, NOT_FOUND
@@ -121,8 +121,6 @@ async def prune_threads(svc: Svc, tenant: Tenant, body: ThreadPrune) -> Response
     checkpoints deleted), counting those deleted; ids of no thread of the tenant's are
     skipped. ``strategy`` ``keep_latest`` is a 422 (not implemented)."""
     pruned = 0
-    if body.thread_ids and body.strategy == "keep_latest":
-        raise Unsupported("strategy keep_latest is not supported: prune with delete")
     for thread_id in dict.fromkeys(body.thread_ids):
         record = await svc.store.thread(thread_key(tenant, thread_id))
         if record is not None:
