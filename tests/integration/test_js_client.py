@@ -9,6 +9,7 @@ the React hook ``useStream`` (react-test-renderer) for a page that reloads mid-r
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -69,9 +70,13 @@ def npm_env(node: str) -> dict[str, str]:
     return env
 
 
-def run_scenario(server: ServerProcess, script: str = "scenario.mjs") -> dict[str, Any]:
-    node = _tool("node")
-    if not all((JS / "node_modules" / name).is_dir() for name in INSTALLED):
+def install_client(node: str) -> None:
+    """``npm ci`` in tests/js unless its packages are there, one process at a time: the
+    tests run in several processes, and two ``npm ci`` in one folder break each other."""
+    with open(JS / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if all((JS / "node_modules" / name).is_dir() for name in INSTALLED):
+            return
         installed = subprocess.run(
             [_tool("npm"), "ci", "--no-audit", "--no-fund"],
             cwd=JS,
@@ -81,6 +86,11 @@ def run_scenario(server: ServerProcess, script: str = "scenario.mjs") -> dict[st
             timeout=300,
         )
         assert installed.returncode == 0, installed.stderr[-4000:]
+
+
+def run_scenario(server: ServerProcess, script: str = "scenario.mjs") -> dict[str, Any]:
+    node = _tool("node")
+    install_client(node)
     done = subprocess.run(
         [node, script],
         cwd=JS,
