@@ -58,6 +58,7 @@ async def follow(http: httpx.AsyncClient, path: str) -> list[str]:
     return events
 
 
+@pytest.mark.serial  # the load is the point: 600 connections, not the other tests' too
 def test_many_followers_and_searches_at_once_all_complete(server: ServerProcess) -> None:
     """Given a run that takes about 3 s, when 300 clients follow its stream and 300
     search threads at the same moment, then all searches answer 200 and every follower
