@@ -24,7 +24,7 @@ from orchestrator import dispatcher_for
 from orchestrator.call import PreparedCall
 from orchestrator.local import WorkerProcess
 from tests.support.fleet import effects, wait_until
-from tool_workers.contract.broker import create_app
+from tests.support.wire import stored
 from tool_workers.contract.epoch import EPOCH_HEADER, epoch_key
 from tool_workers.contract.failed import result_of_failure
 from tool_workers.contract.marker import marker_key
@@ -43,21 +43,6 @@ def prepared(tool: str, args: dict[str, Any]) -> PreparedCall:
     return PreparedCall(
         tool=tool, call_id=call_id, args=args, task_id=task_id_for(call_id), queue="tools"
     )
-
-
-def stored(settings: Settings, task_id: str, timeout: float = 30.0) -> dict[str, Any]:
-    app = create_app(settings)
-    try:
-        return wait_until(
-            lambda: (
-                (m := app.backend.get_task_meta(task_id)).get("status") in ("SUCCESS", "FAILURE")
-                and m
-            ),
-            timeout,
-            f"a result for {task_id}",
-        )
-    finally:
-        app.close()
 
 
 @pytest.mark.parametrize("header", ["dropped", "changed"])

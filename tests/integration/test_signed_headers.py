@@ -24,7 +24,7 @@ from orchestrator.call import PreparedCall
 from orchestrator.dispatch.envelope import redis_envelope, task_message
 from orchestrator.local import WorkerProcess
 from tests.support.fleet import effects, wait_until
-from tool_workers.contract.broker import create_app
+from tests.support.wire import stored
 from tool_workers.contract.failed import result_of_failure
 from tool_workers.contract.marker import marker_key
 from tool_workers.contract.models import ToolRequest
@@ -53,21 +53,6 @@ def push(
     message = task_message(call, reply_channel(settings.key_prefix, "tamper"), KEY)
     message.headers.update(headers)
     client.lpush(queue_key(settings.namespace, queue), redis_envelope(message, queue))
-
-
-def stored(settings: Settings, task_id: str, timeout: float = 30.0) -> dict[str, Any]:
-    app = create_app(settings)
-    try:
-        return wait_until(
-            lambda: (
-                (m := app.backend.get_task_meta(task_id)).get("status") in ("SUCCESS", "FAILURE")
-                and m
-            ),
-            timeout,
-            f"a result for {task_id}",
-        )
-    finally:
-        app.close()
 
 
 def starts(client: redis.Redis, settings: Settings, task_id: str) -> int:

@@ -10,6 +10,7 @@ import redis
 
 from orchestrator import dispatcher_for
 from orchestrator.call import PreparedCall
+from tests.support.fleet import wait_until
 from tool_workers.contract.broker import create_app
 from tool_workers.contract.marker import marker_key
 from tool_workers.contract.names import task_id_for, task_name
@@ -98,3 +99,22 @@ def push_raw(settings: Settings, entry: bytes, queue: str = "tools") -> None:
         client.lpush(f"{prefix}{queue}", entry)
     finally:
         client.close()
+
+
+def stored(settings: Settings, task_id: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The call's finished meta (SUCCESS or FAILURE) as Celery's backend decodes it,
+    waited for up to ``timeout`` seconds."""
+    app = create_app(settings)
+    try:
+        return wait_until(
+            lambda: (
+                (m := app.backend.get_task_meta(task_id)).get("status") in ("SUCCESS", "FAILURE")
+                and m
+            ),
+            timeout,
+            f"a result for {task_id}",
+        )
+    finally:
+        # Celery's app.close() leaves the result backend's connections open.
+        app.backend.client.connection_pool.disconnect()
+        app.close()
