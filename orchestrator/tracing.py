@@ -81,7 +81,16 @@ def _otel() -> Any:
         import opentelemetry.trace
     except ImportError:
         return None
+    # Its runtime context is loaded from the package's entry points at first use (before
+    # opentelemetry-api 1.22 or so): here, not in a running event loop.
+    opentelemetry.context.get_current()
     return opentelemetry
+
+
+# Looked up as this module loads, not at a call's first span: importing the propagators
+# and loading the runtime context read the package's metadata from disk, which would
+# block a running event loop (an async run's first call).
+_otel()
 
 
 def _otel_headers() -> dict[str, str]:
