@@ -127,7 +127,7 @@ class Guard:
                 )
                 return
             scope["headers"] = declared_json
-        await self._app(scope, _replay(body, receive), send)
+        await self._app(scope, replay(body, receive), send)
 
     def _tenant(self, path: str, headers: dict[str, str]) -> str | None:
         if path in PUBLIC or path == "/openapi.json":
@@ -165,7 +165,7 @@ def as_json(raw_headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]
     return [*rest, (b"content-type", b"application/json")]
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def replay(body: bytes, receive: Receive) -> Receive:
     """A ``receive`` that gives the body once, then the client's own messages (a
     disconnect, which a long ``/wait`` watches for)."""
     sent = False

@@ -35,6 +35,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from orchestrator.jsonvalue import surrogate_at
+from orchestrator.server.guard import replay
 
 log = logging.getLogger("toolfleet.server")
 
@@ -221,7 +222,7 @@ class McpEndpoint:
             if refused is not None:
                 await refused(scope, receive, send)
                 return
-            receive = _replay(body, receive)
+            receive = replay(body, receive)
         if self._server is None:
             self._server = build_server(ServiceSource(scope["app"]))
         manager = stateless_http(self._server)
@@ -240,21 +241,6 @@ async def _body(receive: Receive) -> bytes:
         if not message.get("more_body"):
             break
     return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """``receive`` with the body read already given again first; after it, the client's
-    own messages (its disconnect cancels the call)."""
-    sent = False
-
-    async def replayed() -> Any:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed
 
 
 def _refusal(body: bytes) -> Response | None:
