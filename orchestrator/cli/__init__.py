@@ -221,7 +221,7 @@ def serve(
     except ImportError as exc:
         typer.echo(f"error: {exc}; install the server extra: pip install 'toolfleet[server]'")
         raise typer.Exit(2) from None
-    from orchestrator.cli.errors import setup_errors
+    from orchestrator.cli.errors import probe_database, setup_errors
     from orchestrator.server.graph import resolve_model
     from orchestrator.server.projects import read_project
     from tool_workers.contract.connections import redis_client
@@ -247,15 +247,18 @@ def serve(
                 probe.ping()
             finally:
                 probe.close()
-        serve_forever(
-            settings,
-            host=host,
-            port=port,
-            no_auth=no_auth,
-            graphs=graphs,
-            cors=project.cors if project is not None else None,
-            model=model,
-        )
+            if settings.database_url:  # and the checkpointer's database, as Redis
+                probe_database(settings.database_url)
+            # A startup that fails past these (or a port in use) is a line too.
+            serve_forever(
+                settings,
+                host=host,
+                port=port,
+                no_auth=no_auth,
+                graphs=graphs,
+                cors=project.cors if project is not None else None,
+                model=model,
+            )
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -46,3 +46,21 @@ def setup_errors(broker_url: str) -> Iterator[None]:
     except _BROKER_ERRORS as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise fail(f"cannot reach the broker at {broker_url}: {reason}") from None
+
+
+def probe_database(url: str) -> None:
+    """Connect once to the checkpointer's PostgreSQL database at ``url``.
+
+    Raises:
+        typer.Exit: it cannot be reached (:func:`fail`'s line, the URL's password masked).
+    """
+    try:
+        import psycopg
+    except ImportError:
+        extra = "pip install 'toolfleet[postgres]'"
+        raise fail(f"TOOLFLEET_DATABASE_URL needs the postgres extra: {extra}") from None
+    try:
+        psycopg.connect(url, connect_timeout=5).close()
+    except psycopg.Error as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise fail(f"cannot reach the database at {url}: {reason}") from None

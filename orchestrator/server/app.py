@@ -70,7 +70,7 @@ from orchestrator.server.streamquota import StreamQuota
 from orchestrator.server.tenancy import call_gate, tenant_key, tenant_quota
 from orchestrator.server.webhooks import WebhookSender
 from tool_workers.contract.connections import redis_connection_kwargs
-from tool_workers.contract.errors import ConfigError
+from tool_workers.contract.errors import ConfigError, StartupError
 from tool_workers.contract.masking import mask_text, masked_settings
 from tool_workers.contract.placeholders import refuse_placeholders
 from tool_workers.contract.settings import Settings
@@ -387,6 +387,8 @@ def serve(
         ConfigError: no API tokens are configured and ``no_auth`` is not set, a
             password or token is a placeholder (``change-me``), or the address cannot
             be listened on (a port in use).
+        StartupError: the app's startup failed (a checkpointer or Redis that does not
+            answer); its one-line reason is in the message.
     """
     import uvicorn
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -405,8 +407,9 @@ def serve(
             max_connections=connection_cap(settings.http_max_connections, pools),
         )
     )
+    startup = StartupFailure(create_app(settings, graphs=graphs, cors=cors, model=model))
     config = uvicorn.Config(
-        create_app(settings, graphs=graphs, cors=cors, model=model),
+        startup,
         host=host,
         port=port,
         # httptools, as the guard in front of it parses with (the same requests for both).
@@ -414,8 +417,38 @@ def serve(
         log_config=None,  # configure_logging's handler and format
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,  # then streams are cut, local runs cancelled
     )
+    server = uvicorn.Server(config)
     with listening:
-        uvicorn.Server(config).run(sockets=[listening])
+        try:
+            server.run(sockets=[listening])
+        except SystemExit:  # uvicorn's exit of a failed startup
+            if startup.reason is None:
+                raise
+    if startup.reason is not None:
+        raise StartupError(f"the service could not start: {startup.reason}")
+
+
+class StartupFailure:
+    """An ASGI app whose failed startup is kept as one line (``reason``), not logged
+    as the traceback Starlette sends with it: ``serve`` then says it and exits."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.reason: str | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def quiet(message: Any) -> None:
+            if message["type"] == "lifespan.startup.failed":
+                lines = [line for line in str(message.get("message", "")).splitlines() if line]
+                self.reason = mask_text(lines[-1]) if lines else "its startup failed"
+                message = {**message, "message": ""}
+            await send(message)
+
+        await self.app(scope, receive, quiet)
 
 
 def listen_socket(host: str, port: int) -> socket.socket:

@@ -6,14 +6,17 @@ folder, not the working directory), in a subprocess.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from orchestrator.local import settings_env
@@ -295,3 +298,91 @@ def test_serve_on_a_port_in_use_is_one_line_and_exits(tmp_path: Path, redis_url:
     _assert_short_error(result, f"127.0.0.1:{port}", "in use")
     assert result.returncode == 2
     assert "Application startup" not in result.stdout + result.stderr
+
+
+def test_serve_with_a_database_that_does_not_answer_is_one_line(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Given a checkpointer database nothing answers at, when `toolfleet serve` starts,
+    then it names the database (password masked) in a line and exits with 2 within
+    seconds, not after the connection pool's 30 s of retries."""
+    url = f"postgresql://postgres:{PASSWORD}@127.0.0.1:{_closed_port()}/test"
+    result = _toolfleet(
+        "serve",
+        "--no-auth",
+        cwd=tmp_path,
+        TOOLFLEET_BROKER_URL=redis_url,
+        TOOLFLEET_NAMESPACE=f"tft-db-{os.getpid()}",
+        TOOLFLEET_DATABASE_URL=url,
+    )
+
+    _assert_short_error(result, "cannot reach the database", "127.0.0.1")
+    assert result.returncode == 2
+    assert PASSWORD not in result.stdout + result.stderr
+
+
+def test_a_startup_that_fails_is_one_line_after_the_servers_log(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Given a checkpoint file that cannot be created (its folder is a file), when
+    `toolfleet serve` starts, then its startup fails and it ends with one line saying
+    why, a non-zero exit and no traceback."""
+    (tmp_path / "not-a-dir").write_text("")
+    result = _toolfleet(
+        "serve",
+        "--no-auth",
+        "--port",
+        "0",
+        cwd=tmp_path,
+        TOOLFLEET_BROKER_URL=redis_url,
+        TOOLFLEET_NAMESPACE=f"tft-startup-{os.getpid()}",
+        TOOLFLEET_CHECKPOINT_PATH=str(tmp_path / "not-a-dir" / "checkpoints.sqlite"),
+    )
+
+    text = result.stdout + result.stderr
+    assert result.returncode == 2, text
+    assert "Traceback" not in text, text
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the service could not start: "), text
+    assert "not-a-dir" in last, text
+
+
+def test_sigterm_ends_serve_within_its_drain_time(tmp_path: Path, redis_url: str) -> None:
+    """Given a running `toolfleet serve` with a client holding a stream open, when it gets
+    SIGTERM, then it exits by itself within its drain time (uvicorn's graceful shutdown,
+    then the lifespan's), never needing a SIGKILL."""
+    from orchestrator.server.app import GRACEFUL_SHUTDOWN
+    from tests.support.fleet import fleet_settings
+    from tests.support.serving import start_server
+
+    server = start_server(fleet_settings(redis_url, tmp_path), tmp_path, "drain", model=None)
+    token = server.settings.api_tokens[0]
+    headers = {"Authorization": f"Bearer {token}"}
+    created = httpx.post(f"{server.url}/threads", json={}, headers=headers, timeout=10)
+    thread_id = created.json()["thread_id"]
+    opened = threading.Event()
+
+    def hold_stream() -> None:
+        # The thread's stream: open until the server ends it (no run comes).
+        with (
+            contextlib.suppress(httpx.HTTPError),
+            httpx.stream(
+                "GET", f"{server.url}/threads/{thread_id}/stream", headers=headers, timeout=60
+            ) as response,
+        ):
+            opened.set()
+            for _ in response.iter_bytes():
+                pass
+
+    holder = threading.Thread(target=hold_stream, daemon=True)
+    holder.start()
+    assert opened.wait(10), server.log()[-2000:]
+    started = time.monotonic()
+    server.stop(grace=GRACEFUL_SHUTDOWN + 15)
+    took = time.monotonic() - started
+
+    # Ended by itself: 0, or uvicorn re-raising the SIGTERM it handled; never killed.
+    assert server.returncode in (0, -signal.SIGTERM), (server.returncode, server.log()[-3000:])
+    assert took < GRACEFUL_SHUTDOWN + 10, (took, server.log()[-3000:])
+    holder.join(10)
+    assert not holder.is_alive()

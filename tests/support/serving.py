@@ -77,6 +77,8 @@ class ServerProcess:
         self.args = args
         self.open_files = open_files
         self.port = 0
+        self.returncode: int | None = None
+        """How the process ended, once :meth:`stop` ended it (``-9``: it was killed)."""
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -146,6 +148,7 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+        self.returncode = proc.returncode
 
 
 def start_server(

@@ -22,6 +22,10 @@ class ConfigError(ToolfleetError):
     """Raised when settings or the tool policy file cannot work as given."""
 
 
+class StartupError(ToolfleetError):
+    """A service could not start: something it needs at startup failed."""
+
+
 class ToolLoadError(ToolfleetError):
     """Raised when a tool module cannot be imported or provides no tools."""
 
