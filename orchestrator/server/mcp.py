@@ -16,8 +16,8 @@ invalid-params error (``Unknown tool: ...``), as on LangGraph's server. The assi
 are read through the service's own routes, in-process, with the caller's credentials,
 so they are the tenant's alone.
 
-The ``mcp`` package is imported at the first request: without the ``mcp`` extra,
-``/mcp`` answers 501 saying what to install.
+The ``mcp`` package is imported as the app is built: without the ``mcp`` extra, ``/mcp``
+answers 501 saying what to install.
 """
 
 from __future__ import annotations
@@ -201,20 +201,26 @@ class McpEndpoint:
 
     def __init__(self) -> None:
         self._server: Any = None
+        # Imported as the app is built, not in the event loop at the first request (an
+        # import reads files: a blocking call there).
+        try:
+            from orchestrator.mcp.server import build_server
+            from tool_workers.compat.mcp import stateless_http
+        except ImportError as exc:
+            self._missing: str | None = (
+                f"/mcp needs the mcp extra: pip install 'toolfleet[mcp]' ({exc})"
+            )
+        else:
+            self._missing = None
+            self._build_server = build_server
+            self._stateless_http = stateless_http
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] == "GET":  # no server-initiated stream (as LangGraph's server)
             await Response(status_code=405, headers={"Allow": "POST"})(scope, receive, send)
             return
-        try:
-            from orchestrator.mcp.server import build_server
-            from tool_workers.compat.mcp import stateless_http
-        except ImportError as exc:
-            missing = JSONResponse(
-                {"error": f"/mcp needs the mcp extra: pip install 'toolfleet[mcp]' ({exc})"},
-                status_code=501,
-            )
-            await missing(scope, receive, send)
+        if self._missing is not None:
+            await JSONResponse({"error": self._missing}, status_code=501)(scope, receive, send)
             return
         if scope["method"] == "POST":
             body = await _body(receive)
@@ -224,8 +230,8 @@ class McpEndpoint:
                 return
             receive = replay(body, receive)
         if self._server is None:
-            self._server = build_server(ServiceSource(scope["app"]))
-        manager = stateless_http(self._server)
+            self._server = self._build_server(ServiceSource(scope["app"]))
+        manager = self._stateless_http(self._server)
         async with manager.run():
             await manager.handle_request(scope, receive, send)
 
