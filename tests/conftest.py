@@ -123,37 +123,13 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
         yield
 
 
-SHARED_SCOPES = frozenset({"module", "class", "package"})
-"""Fixture scopes whose value a module's tests share: what they start (a server pair, a
-fleet) is started once only if those tests run in one xdist worker."""
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its hook has no order)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The tests that need root form the "root" group: the README's command runs the rest
     # as any user; .ci/run runs this group as root (pytest -m root).
     for item in items:
         if item.path.name.startswith(ROOT_MODULES) or "net" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.root)
-        group = shared_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
-def shared_group(item: pytest.Item) -> str | None:
-    """The xdist group of a test that uses a fixture shared by its module (or class or
-    package): its module, so those tests run in one worker and the fixture starts once,
-    as in a serial run; ``None`` for a test any worker may run (the default)."""
-    if item.get_closest_marker("xdist_group") is not None:
-        return None  # grouped by its module's author already
-    # pytest keeps a test's fixture definitions on ``_fixtureinfo`` (no public name).
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return None
-    for defs in info.name2fixturedefs.values():
-        if any(d.scope in SHARED_SCOPES for d in defs):
-            return item.path.relative_to(item.config.rootpath).as_posix()
-    return None
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
