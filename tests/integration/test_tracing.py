@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import celery
 import pytest
 from celery import Celery
 from langchain.agents import create_agent
@@ -260,6 +261,11 @@ def test_with_celerys_instrumentation_on_both_sides_the_trace_stays_one(
         middleware=[CeleryToolMiddleware(dispatcher=dispatcher)],
     )
     payload = {"messages": [("user", "go")]}
+    # The instrumentation looks each published task up in Celery's default app, whose first
+    # use loads its configuration from the working directory (os.getcwd: a blocking call
+    # where an async run publishes). A process that used Celery before has loaded it; this
+    # test may run first in its process, so it loads it here, outside the event loop.
+    celery.current_app.tasks  # noqa: B018
     instrumentor = CeleryInstrumentor()
     instrumentor.instrument(tracer_provider=otel_trace.get_tracer_provider())
     try:
