@@ -83,8 +83,16 @@ const run = await client.runs.get(thread.thread_id, runId);
 out.run = { status: run.status, stored: runId !== null };
 out.rejoined = seen.second.custom;
 const brief = (m) => ({ type: m.type, content: m.content });
-out.rejoinedMessages = seen.second.stream.messages.map(brief);
 out.state = (await client.threads.getState(thread.thread_id)).values.messages.map(brief);
+// Once the stream ends, the hook shows the thread's history, which it fetches again: on
+// a busy machine that answer comes a moment after the end.
+const shown = () => JSON.stringify(seen.second.stream.messages.map(brief));
+try {
+  await until("the page to show the run's final messages", () => shown() === JSON.stringify(out.state), 30);
+} catch {
+  // What it showed instead is in the output: the test names the difference.
+}
+out.rejoinedMessages = seen.second.stream.messages.map(brief);
 
 // Every event of the run, as the server recorded it: what the rejoin had to replay.
 const all = [];
