@@ -29,6 +29,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from orchestrator.backoff import Backoff
 from orchestrator.dispatch.late import LATE_OPENING
 from orchestrator.dispatch.link import LinkHealth
 from orchestrator.dispatch.watch import StateCallback, Watch, WatchTable
@@ -207,7 +208,7 @@ class ResultListener:
         client = self._connect()
         self._client = client
         sweeper = asyncio.create_task(self._sweep_forever())
-        backoff = 0.1
+        backoff = Backoff()
         try:
             while not self._stopping.is_set():
                 try:
@@ -217,16 +218,14 @@ class ResultListener:
                     self.link.failed(exc)
                     self.subscribed.clear()
                     self._ready.clear()
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
+                    await asyncio.sleep(backoff.next())
                 except Exception:  # a bug must not silence every later result
                     log.exception("result listener failed; listening again")
                     self.subscribed.clear()
                     self._ready.clear()
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
+                    await asyncio.sleep(backoff.next())
                 else:
-                    backoff = 0.1
+                    backoff.reset()
         finally:
             sweeper.cancel()
             await client.aclose()

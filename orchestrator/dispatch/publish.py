@@ -47,6 +47,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from orchestrator.backoff import Backoff
 from orchestrator.call import PreparedCall
 from orchestrator.dispatch.envelope import (
     TaskMessage,
@@ -677,13 +678,13 @@ def _retrying(attempt: Callable[[], Any], window: _Window, link: LinkHealth) -> 
     Safe to repeat: a call an attempt whose reply was lost published is found marked
     with this publisher's token, and counts as published.
     """
-    backoff = _Backoff(window, link)
+    backoff = Backoff(until=window.until)
     while True:
         tried = time.monotonic()
         try:
             reply = attempt()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            time.sleep(backoff.next_or_raise(exc, tried))
+            time.sleep(_delay_or_raise(backoff, window, link, exc, tried))
         else:
             link.ok()
             return reply
@@ -691,14 +692,14 @@ def _retrying(attempt: Callable[[], Any], window: _Window, link: LinkHealth) -> 
 
 async def _retrying_async(attempt: Callable[[], Any], window: _Window, link: LinkHealth) -> Any:
     """:func:`_retrying` on an event loop; no attempt outlasts the window."""
-    backoff = _Backoff(window, link)
+    backoff = Backoff(until=window.until)
     while True:
         tried = time.monotonic()
         try:
             async with asyncio.timeout_at(_loop_time(window.until)):
                 reply = await attempt()
         except (redis.ConnectionError, redis.TimeoutError, TimeoutError) as exc:
-            await asyncio.sleep(backoff.next_or_raise(exc, tried))
+            await asyncio.sleep(_delay_or_raise(backoff, window, link, exc, tried))
         else:
             link.ok()
             return reply
@@ -722,27 +723,19 @@ async def _script_async(
         return await client.evalsha(script.sha, len(keys), *keys, *args)
 
 
-class _Backoff:
-    """Delays between tries while Redis does not answer: 0.1 s, doubling up to 2 s, the
-    last one shortened to end with the window; past it, the failure is raised, saying
-    how long Redis has been unreachable: :class:`ResultTimeout` when the window was the
+def _delay_or_raise(
+    backoff: Backoff, window: _Window, link: LinkHealth, exc: Exception, tried: float
+) -> float:
+    """The delay before the next try after a failed one started at ``tried``, the last
+    one shortened to end with the window; past it, the failure is raised, saying how
+    long Redis has been unreachable: :class:`ResultTimeout` when the window was the
     run's deadline, else :class:`DispatchError`."""
-
-    def __init__(self, window: _Window, link: LinkHealth) -> None:
-        self._window = window
-        self._link = link
-        self._delay = 0.1
-
-    def next_or_raise(self, exc: Exception, tried: float) -> float:
-        """The delay before the next try after a failed one started at ``tried``."""
-        self._link.failed(exc, tried)
-        left = self._window.until - time.monotonic()
-        if left <= 0:
-            why = self._link.describe() or repr(exc)
-            if self._window.deadline:
-                raise ResultTimeout(f"not published by the run's deadline: {why}") from exc
-            raise DispatchError(f"could not publish tool call(s): {why}") from exc
-        delay = min(self._delay, left)
-        self._delay = min(self._delay * 2, 2.0)
-        log.warning("Redis unreachable while dispatching; retrying in %.1fs", delay)
-        return delay
+    link.failed(exc, tried)
+    if window.until <= time.monotonic():
+        why = link.describe() or repr(exc)
+        if window.deadline:
+            raise ResultTimeout(f"not published by the run's deadline: {why}") from exc
+        raise DispatchError(f"could not publish tool call(s): {why}") from exc
+    delay = backoff.next()
+    log.warning("Redis unreachable while dispatching; retrying in %.2fs", delay)
+    return delay

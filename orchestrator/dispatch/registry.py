@@ -27,6 +27,7 @@ from types import MappingProxyType
 
 import redis
 
+from orchestrator.backoff import Backoff
 from orchestrator.dispatch.base import PlacementTable
 from tool_workers.contract.errors import DispatchError
 from tool_workers.contract.fleet import read_entries
@@ -289,10 +290,9 @@ class RegistryView:
                 self._read_at = time.monotonic()  # the next try in a second, not per call
             return
         deadline = time.monotonic() + FIRST_READ_SECONDS
-        delay = 0.1
-        while time.monotonic() + delay < deadline:
+        backoff = Backoff()
+        while time.monotonic() + (delay := backoff.next()) < deadline:
             time.sleep(delay)
-            delay = min(delay * 2, 2.0)
             try:
                 entries = read_entries(self._client, self._prefix)
             except (redis.ConnectionError, redis.TimeoutError) as again:

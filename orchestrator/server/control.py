@@ -18,6 +18,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from orchestrator.backoff import Backoff
 from orchestrator.server.keys import Keys
 
 log = logging.getLogger("toolfleet.server")
@@ -88,16 +89,15 @@ class ReplicaControl:
                 log.warning("could not renew replica liveness (%r)", exc)
 
     async def _listen_forever(self) -> None:
-        backoff = 0.1
+        backoff = Backoff()
         while True:
             try:
                 async with self._r.pubsub() as pubsub:
                     await pubsub.subscribe(self._keys.control)
-                    backoff = 0.1
+                    backoff.reset()
                     async for message in pubsub.listen():
                         if message.get("type") == "message":
                             self._on_cancel(str(message["data"]))
             except (RedisError, OSError) as exc:
                 log.warning("control channel lost (%r); resubscribing", exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                await asyncio.sleep(backoff.next())

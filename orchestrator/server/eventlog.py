@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
+from orchestrator.backoff import Backoff
 from orchestrator.server.encoding import loads
 from orchestrator.server.keys import Keys
 
@@ -261,7 +262,7 @@ class EventRelay:
             raise
 
     async def _read_forever(self) -> None:
-        backoff = 0.1
+        backoff = Backoff()
         while True:
             self._wake_sent = False  # before looking: a follower added after it wakes again
             streams: dict[str, str] = {self._wake_key: self._wake_position}
@@ -278,17 +279,16 @@ class EventRelay:
                 # Redis refused one of the streams: find it, drop its followers, go on.
                 try:
                     if not await self._drop_unreadable(streams, by_key):
-                        await asyncio.sleep(backoff)  # none failed alone: do not spin
+                        await asyncio.sleep(backoff.next())  # none failed alone: do not spin
                 except (RedisError, OSError) as exc:
                     log.warning("event relay lost Redis (%r); retrying", exc)
-                    await asyncio.sleep(backoff)
+                    await asyncio.sleep(backoff.next())
                 continue
             except (RedisError, OSError) as exc:
                 log.warning("event relay lost Redis (%r); retrying", exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                await asyncio.sleep(backoff.next())
                 continue
-            backoff = 0.1
+            backoff.reset()
             for key, entries in result or []:
                 raw_key = key if isinstance(key, bytes) else key.encode()
                 if raw_key == self._wake_key.encode():
