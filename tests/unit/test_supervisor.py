@@ -300,3 +300,24 @@ def test_given_the_supervisor_is_killed_when_run_python_waits_then_what_it_left_
 def test_config_round_trips_through_json(tmp_path: Path) -> None:
     cfg = replace(config(tmp_path, "pass"), uid=NOBODY, gid=NOBODY)
     assert supervisor.Config(**json.loads(json.dumps(asdict(cfg)))) == cfg
+
+
+def test_given_snippets_that_end_at_once_when_many_run_together_then_each_is_seen_ending(
+    tmp_path: Path,
+) -> None:
+    """Given eight supervisors at once, each on a snippet that ends as it starts (a busy
+    machine: the snippet may end before the supervisor looks), then every one reports the
+    snippet's own exit, never a timeout (the snippet's end reaped elsewhere, unseen)."""
+    reports: list[dict[str, Any]] = []
+
+    def one(i: int) -> None:
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        reports.append(supervise(config(folder, "pass", timeout=8.0))[0])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert [r["outcome"] for r in reports] == ["exited"] * 8, reports

@@ -591,6 +591,9 @@ class _Call:
     report_fd: int = -1
     tmpfs: str | None = None
     keep: list[int] = field(default_factory=list)
+    snippet: subprocess.Popen[bytes] | None = None
+    """The snippet's Popen, held: dropped, its finalizer polls the snippet and reaps it if it
+    has ended already, and :func:`reap_children` would never see it end."""
 
     @property
     def tmpfs_dev(self) -> int | None:
@@ -601,7 +604,7 @@ def _start(config: Config) -> _Call:
     limits = child_limits(config)
     if not config.namespaces:
         snippet = _start_snippet(config, config.script, config.cwd, limits)
-        return _Call(snippet.pid, psutil.Process())
+        return _Call(snippet.pid, psutil.Process(), snippet=snippet)
     assert config.call_dir is not None
     code = sys.stdin.buffer.read()
     enter_namespaces(config.call_dir, config.memory_limit)
