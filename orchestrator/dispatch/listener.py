@@ -227,7 +227,12 @@ class ResultListener:
                 else:
                     backoff.reset()
         finally:
-            sweeper.cancel()
+            # Ended, not just cancelled, before the client closes: a read or sweep still
+            # connecting would otherwise leave its connection open as the loop closes.
+            tasks = [t for t in (sweeper, self._reader) if t is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await client.aclose()
 
     async def _listen(self, client: aioredis.Redis) -> None:
