@@ -386,3 +386,35 @@ def test_sigterm_ends_serve_within_its_drain_time(tmp_path: Path, redis_url: str
     assert took < GRACEFUL_SHUTDOWN + 10, (took, server.log()[-3000:])
     holder.join(10)
     assert not holder.is_alive()
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "missing.json"),
+        ("{not json", "langgraph.json"),
+        ('{"graphs": {"a": "./no.py:g"}}', "no.py"),
+    ],
+    ids=["missing", "not-json", "graph-not-found"],
+)
+def test_serve_with_a_bad_config_is_one_line(
+    tmp_path: Path, redis_url: str, content: str | None, needle: str
+) -> None:
+    """Given a project file that is missing, not JSON, or names a graph file that does
+    not exist, when `toolfleet serve --config` starts, then it says so in a line and exits
+    with 2 before it listens anywhere."""
+    path = tmp_path / ("missing.json" if content is None else "langgraph.json")
+    if content is not None:
+        path.write_text(content)
+    result = _toolfleet(
+        "serve",
+        "--no-auth",
+        "--config",
+        str(path),
+        cwd=tmp_path,
+        TOOLFLEET_BROKER_URL=redis_url,
+        TOOLFLEET_NAMESPACE=f"tft-config-{os.getpid()}",
+    )
+
+    _assert_short_error(result, needle)
+    assert result.returncode == 2
