@@ -20,11 +20,10 @@ import httpx
 import pytest
 from langgraph_sdk.sse import SSEDecoder
 
-from tests.support.api_pair import THREAD_GAPS, ApiPair, drop
+from tests.support.api_pair import THREAD_GAPS, ApiPair, api_pair, drop
 from tests.support.fleet import REPO
-from tests.support.langgraph_dev import start_langgraph_dev
 from tests.support.parity import normalise, shape
-from tests.support.serving import ServerProcess, prefork_fleet, start_server
+from tests.support.serving import ServerProcess, prefork_fleet
 from tool_workers.contract.settings import Settings
 
 __all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
@@ -45,25 +44,8 @@ STREAM_MODES = ["values", "messages-tuple", "updates", "custom"]
 def pair(prefork_fleet: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiPair]:
     """toolfleet with the UI's origin allowed (``TOOLFLEET_CORS_ORIGINS``) beside
     ``langgraph dev`` (which allows any origin)."""
-    ours = start_server(
-        prefork_fleet,
-        tmp_path_factory.mktemp("ui-toolfleet"),
-        "ui",
-        args=("--config", str(PROJECT)),
-        model=None,
-        api_tokens=(f"tft-ui-{uuid.uuid4().hex}",),
-        cors_origins=(UI,),
-    )
-    try:
-        theirs = start_langgraph_dev(prefork_fleet, PROJECT, tmp_path_factory.mktemp("ui-lg"))
-    except BaseException:
-        ours.stop()
-        raise
-    try:
-        yield ApiPair(ours, theirs)
-    finally:
-        theirs.stop()
-        ours.stop()
+    token = f"tft-ui-{uuid.uuid4().hex}"
+    yield from api_pair(prefork_fleet, tmp_path_factory, (token,), PROJECT, cors_origins=(UI,))
 
 
 class Page:

@@ -15,22 +15,17 @@ from tool_workers.contract.names import task_id_for
 from tool_workers.contract.settings import Settings
 
 
-def test_a_calls_task_events_reach_a_receiver(
-    make_settings: Callable[..., Settings], start_worker: Callable[..., Any]
-) -> None:
-    """Given a prefork worker with task events on and a receiver listening, when a call
-    runs, then the receiver gets its received, started and succeeded events."""
-    settings = make_settings()
-    start_worker(settings, pool="prefork", concurrency=2, queues=("tools",), events=True)
-    app = create_app(settings)
-    seen: dict[str, list[str]] = {}
-    ready = threading.Event()
-    done = threading.Event()
+def _capture(app: Any, task_id: str, last: str) -> tuple[list[dict[str, Any]], threading.Event]:
+    """The task events of ``task_id`` as a receiver gets them (a thread listening from
+    now), and an event set once the one of type ``last`` has come."""
+    events: list[dict[str, Any]] = []
+    ready, done = threading.Event(), threading.Event()
 
     def on_event(event: dict[str, Any]) -> None:
-        seen.setdefault(str(event.get("uuid")), []).append(str(event["type"]))
-        if "task-succeeded" in seen.get(task_id, []):
-            done.set()
+        if event.get("uuid") == task_id:
+            events.append(event)
+            if event["type"] == last:
+                done.set()
 
     def listen() -> None:
         with app.connection_for_read() as connection:
@@ -40,11 +35,22 @@ def test_a_calls_task_events_reach_a_receiver(
                 if done.is_set():
                     return
 
+    threading.Thread(target=listen, daemon=True).start()
+    assert ready.wait(10)
+    return events, done
+
+
+def test_a_calls_task_events_reach_a_receiver(
+    make_settings: Callable[..., Settings], start_worker: Callable[..., Any]
+) -> None:
+    """Given a prefork worker with task events on and a receiver listening, when a call
+    runs, then the receiver gets its received, started and succeeded events."""
+    settings = make_settings()
+    start_worker(settings, pool="prefork", concurrency=2, queues=("tools",), events=True)
+    app = create_app(settings)
     call_id = f"call-{uuid.uuid4().hex[:8]}"
     task_id = task_id_for(call_id)
-    listener = threading.Thread(target=listen, daemon=True)
-    listener.start()
-    assert ready.wait(10)
+    events, done = _capture(app, task_id, "task-succeeded")
     dispatcher = dispatcher_for(settings=settings)
     spec = dispatcher.served_tools(fresh=True)["echo_cls"]
     call = PreparedCall(
@@ -53,8 +59,8 @@ def test_a_calls_task_events_reach_a_receiver(
     )  # fmt: skip
     dispatcher.submit([call])
     assert dispatcher.wait(call, timeout=30).status == "success"
-    assert done.wait(10), seen.get(task_id)
-    assert {"task-received", "task-started", "task-succeeded"} <= set(seen[task_id])
+    assert done.wait(10), events
+    assert {"task-received", "task-started", "task-succeeded"} <= {e["type"] for e in events}
     app.close()
 
 
@@ -67,28 +73,9 @@ def test_a_failed_calls_event_carries_the_tools_own_traceback_masked(
     settings = make_settings()
     start_worker(settings, pool="prefork", concurrency=2, queues=("tools",), events=True)
     app = create_app(settings)
-    failed: dict[str, Any] = {}
-    ready = threading.Event()
-    done = threading.Event()
-
-    def on_event(event: dict[str, Any]) -> None:
-        if event["type"] == "task-failed" and event.get("uuid") == task_id:
-            failed.update(event)
-            done.set()
-
-    def listen() -> None:
-        with app.connection_for_read() as connection:
-            receiver = app.events.Receiver(connection, handlers={"*": on_event})
-            ready.set()
-            for _ in receiver.itercapture(limit=None, timeout=20, wakeup=False):
-                if done.is_set():
-                    return
-
     call_id = f"call-{uuid.uuid4().hex[:8]}"
     task_id = task_id_for(call_id)
-    listener = threading.Thread(target=listen, daemon=True)
-    listener.start()
-    assert ready.wait(10)
+    events, done = _capture(app, task_id, "task-failed")
     dispatcher = dispatcher_for(settings=settings)
     spec = dispatcher.served_tools(fresh=True)["boom"]
     call = PreparedCall(
@@ -98,9 +85,9 @@ def test_a_failed_calls_event_carries_the_tools_own_traceback_masked(
     dispatcher.submit([call])
     assert dispatcher.wait(call, timeout=30).status == "error"
     assert done.wait(10)
-    listener.join(timeout=30)
     app.close()
 
+    failed = next(event for event in events if event["type"] == "task-failed")
     shown = str(failed.get("traceback"))
     assert "fleet_tools.py" in shown and 'raise ValueError(f"boom: {reason}")' in shown, shown
     assert "ToolError" in shown  # and the failed task's own exception after it
