@@ -24,6 +24,7 @@ from langchain_core.tools import BaseTool
 from orchestrator.deadline import DEADLINE_KEY
 from tool_workers.contract.models import Injected, ToolRequest, ToolSpec, TraceContext
 from tool_workers.contract.names import call_key, task_id_for
+from tool_workers.contract.settings import ToolPolicies
 from tool_workers.contract.wire_json import to_wire
 
 
@@ -88,6 +89,11 @@ class CallSite:
             context=getattr(runtime, "context", None) if runtime is not None else None,
         )
 
+    @property
+    def fan_out_key(self) -> str | None:
+        """What names this call's fan-out (its AIMessage's calls) in this process."""
+        return None if self.scope is None else f"{self.thread_id}\x1f{self.scope}"
+
     def remaining(self) -> float | None:
         """Seconds left until the run's deadline (never negative); ``None`` without one."""
         return None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
@@ -143,6 +149,14 @@ class PreparedCall:
             progress=True,
             trace=self.trace,
         )
+
+    def idempotent(self, policies: ToolPolicies) -> bool:
+        """Whether the call's tool may run twice: as its worker's spec says, else as the
+        orchestrator's ``policies`` say."""
+        stated = self.spec.options.get("idempotent") if self.spec is not None else None
+        if isinstance(stated, bool):
+            return stated
+        return policies.for_tool(self.tool).idempotent
 
     @property
     def idle_timeout(self) -> float | None:

@@ -34,7 +34,8 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
 from orchestrator import fairshare
-from orchestrator.call import CallSite, PreparedCall, prepare
+from orchestrator.call import CallSite, PreparedCall, owning_message, prepare
+from orchestrator.dispatch.ahead import Ahead, Ticket
 from orchestrator.dispatch.base import Dispatcher
 from orchestrator.dispatch.fleet import dispatcher_for
 from orchestrator.messages import (
@@ -139,6 +140,7 @@ class CeleryToolMiddleware(AgentMiddleware):
         self._placements_seen: set[frozenset[str]] = set()
         self._offer = ToolOffer(self._dispatcher) if discover else None
         self._said_pool = False
+        self._ahead = Ahead(self._dispatcher)
 
     @property
     def dispatcher(self) -> Dispatcher:
@@ -196,8 +198,22 @@ class CeleryToolMiddleware(AgentMiddleware):
     def wrap_tool_call(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Output]
     ) -> Output:
-        """Run the call on the workers, or here."""
+        """Run the call on the workers, or here (a wide fan-out's first call publishes its
+        siblings ahead: see :mod:`orchestrator.dispatch.ahead`)."""
         site = CallSite.of(request)
+        ticket = self._ahead.enter(site.fan_out_key, site.call_id)
+        try:
+            return self._run_sync(request, handler, site, ticket)
+        finally:
+            self._ahead.leave(ticket)
+
+    def _run_sync(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], Output],
+        site: CallSite,
+        ticket: Ticket,
+    ) -> Output:
         route = self._route(site, self._dispatcher.served_tools())
         until = self._wait_until(site)
         while isinstance(route, _Wait) and time.monotonic() < until:
@@ -208,7 +224,6 @@ class CeleryToolMiddleware(AgentMiddleware):
             return handler(request)
         if isinstance(route, ToolMessage):
             return route
-        self._note_pool(site)
         dispatcher = self._dispatcher
         with CallObserver(site, route, dispatcher.timings) as seen:
             call = seen.call
@@ -218,8 +233,18 @@ class CeleryToolMiddleware(AgentMiddleware):
             if gate is not None and not gate.acquire_sync(tenant, site.remaining()):
                 raise _deadline_error(call, before=True)
             try:
+                if gate is None and call.trace is None:
+                    self._publish_ahead(request, site)
+                else:
+                    self._note_pool(site)
                 seen.publishing()
-                dispatcher.submit([call], seen.on_state)
+                early = ticket.early
+                if (
+                    early is None
+                    or early.call.task_id != call.task_id
+                    or not self._ahead.attach(ticket, seen.on_state)
+                ):
+                    dispatcher.submit([call], seen.on_state)
                 seen.dispatched()
                 result = dispatcher.wait(call)
             except ResultTimeout as exc:
@@ -232,6 +257,42 @@ class CeleryToolMiddleware(AgentMiddleware):
             output = self._finish(call, result)
             seen.finished(result, output)
         return output
+
+    def _publish_ahead(self, request: ToolCallRequest, site: CallSite) -> None:
+        """At a fan-out's first call, publish its siblings that may go before their own
+        hooks: idempotent, needing nothing injected, routed to the workers now. Only
+        when the fan-out is wider than the threads LangGraph runs it on."""
+        pool = site.config.get("max_concurrency") or SYNC_POOL
+        if site.fan_out <= pool or not self._ahead.lead(site.fan_out_key):
+            return
+        message = owning_message(site.state, site.call_id)
+        if message is None or site.fan_out_key is None:
+            return
+        # ToolRuntime.tools: the tools node's own tools, as the siblings' hooks get them.
+        runtime = request.runtime
+        tools = {t.name: t for t in (runtime.tools if runtime is not None else [])}
+        served = self._dispatcher.served_tools()
+        early: list[PreparedCall] = []
+        for sibling in message.tool_calls:
+            if sibling.get("id") == site.call_id or sibling["name"] not in served:
+                continue
+            tool = tools.get(sibling["name"])
+            other = CallSite.of(
+                ToolCallRequest(
+                    tool_call=sibling, tool=tool, state=request.state, runtime=request.runtime
+                )
+            )
+            route = self._route(other, served, ahead=True)
+            if (
+                isinstance(route, PreparedCall)
+                and route.injected is None
+                and route.idempotent(self._dispatcher.policies)
+            ):
+                early.append(route)
+        sent = self._ahead.publish(site.fan_out_key, early)
+        left = site.fan_out - sent
+        if left > pool:
+            self._note_pool(site, left)
 
     async def awrap_tool_call(
         self,
@@ -282,11 +343,15 @@ class CeleryToolMiddleware(AgentMiddleware):
 
     # -- the decisions -------------------------------------------------------------------
 
-    def _route(self, site: CallSite, served: Mapping[str, ToolSpec]) -> Route:
+    def _route(
+        self, site: CallSite, served: Mapping[str, ToolSpec], *, ahead: bool = False
+    ) -> Route:
         """Where the call goes, given the tools served now.
 
         :data:`WAIT`: it belongs to the workers, none serves it yet, and it may wait
-        (``unserved_wait``, bounded by the run's deadline) for one to appear.
+        (``unserved_wait``, bounded by the run's deadline) for one to appear; or, asked
+        ``ahead`` of the call's own hook, it is an outer middleware's retry (the hook
+        routes those).
         """
         name = site.name
         placement, _ = self.rules.decide(name, site.tool, served)
@@ -309,6 +374,8 @@ class CeleryToolMiddleware(AgentMiddleware):
             return error_message(name, site.call_id, "context", not_sendable_text(exc))
         # Called again for a call it already answered: an outer middleware retries it.
         attempt = self._delivered.get(call.task_id, 0)
+        if attempt and ahead:
+            return WAIT
         if attempt:
             retry_id = task_id_for(f"{call.task_id}\x1fretry:{attempt}")
             self._retry_of[retry_id] = call.task_id
@@ -359,17 +426,21 @@ class CeleryToolMiddleware(AgentMiddleware):
             return command_from(result.command, call.tool, call.call_id)
         return result_message(call, result)
 
-    def _note_pool(self, site: CallSite) -> None:
-        """Say once when a sync fan-out is wider than LangGraph's pool runs at a time."""
+    def _note_pool(self, site: CallSite, left: int | None = None) -> None:
+        """Say once when a sync fan-out's calls that could not go ahead (``left``: all
+        of them by default) are more than LangGraph's pool runs at a time."""
         if self._said_pool or site.fan_out <= 1:
             return
         pool = site.config.get("max_concurrency") or SYNC_POOL
-        if site.fan_out > pool:
+        left = site.fan_out if left is None else left
+        if left > pool:
             self._said_pool = True
             log.warning(
-                "a sync fan-out of %d tool calls runs at most %d at a time (LangGraph's "
-                "thread pool); pass {'max_concurrency': %d} in the run config to send them "
-                "all at once",
+                "%d of a sync fan-out's %d tool calls run at most %d at a time (LangGraph's "
+                "thread pool; calls that are not idempotent, need injected state, or run "
+                "traced are not published ahead); pass {'max_concurrency': %d} in the run "
+                "config to send them all at once",
+                left,
                 site.fan_out,
                 pool,
                 site.fan_out,

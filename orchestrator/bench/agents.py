@@ -28,9 +28,8 @@ from orchestrator.tools import discover_tools
 
 PAYLOAD = {"messages": [("user", "go")]}
 RUN_CONFIG = {"recursion_limit": 100_000}
-SYNC_RUN_CONFIG = {**RUN_CONFIG, "max_concurrency": 1024}
-"""Sync runs take LangGraph's ``max_concurrency`` as docs/concepts.md says (its default pool,
-``min(32, cpu + 4)`` threads, would run a fan-out in waves)."""
+"""Sync and async runs alike: no ``max_concurrency`` (a sync fan-out wider than LangGraph's
+pool goes out at full width: see :mod:`orchestrator.dispatch.ahead`)."""
 
 
 @dataclass
@@ -169,7 +168,7 @@ class Runner:
     def run(self, agent: Any, mode: str, timeout: float = 120.0) -> dict[str, Any]:
         """One run of ``agent`` in ``mode`` (``"sync"`` or ``"async"``); its final state."""
         if mode == "sync":
-            return agent.invoke(PAYLOAD, SYNC_RUN_CONFIG)  # type: ignore[no-any-return]
+            return agent.invoke(PAYLOAD, RUN_CONFIG)  # type: ignore[no-any-return]
         return self.loop.run_until_complete(
             asyncio.wait_for(agent.ainvoke(PAYLOAD, RUN_CONFIG), timeout)
         )

@@ -2,8 +2,9 @@
 
 The tool phase is timed by the scripted model itself: from the moment it hands out the
 AIMessage with the N calls to the moment it is called again with their ToolMessages.
-Its ideal is the tool's own duration. Sync runs pass ``max_concurrency`` in the run config
-(LangGraph's Send tasks run in a pool of that many threads); async runs use ``ainvoke``.
+Its ideal is the tool's own duration. Sync runs (``invoke``) pass no run config: LangGraph
+runs their Send tasks on its default pool, and the calls go out ahead of their hooks
+(:mod:`orchestrator.dispatch.ahead`); async runs use ``ainvoke``.
 
 Each fan-out is paired with the same fan-out of ``echo`` in a local ``ToolNode`` (what
 LangGraph's own Send fan-out costs), and the CPU the run took is split between the

@@ -22,7 +22,6 @@ from typing import Any
 from orchestrator.bench.agents import (
     PAYLOAD,
     RUN_CONFIG,
-    SYNC_RUN_CONFIG,
     Runner,
     check_results,
     fleet_agent,
@@ -49,7 +48,7 @@ def _measure_one(
     def run() -> None:
         try:
             if mode == "sync":
-                outcome["state"] = agent.invoke(PAYLOAD, SYNC_RUN_CONFIG)
+                outcome["state"] = agent.invoke(PAYLOAD, RUN_CONFIG)
             else:
                 outcome["state"] = asyncio.run(agent.ainvoke(PAYLOAD, RUN_CONFIG))
         except BaseException as exc:

@@ -74,7 +74,8 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 out.append(
                     _target(
                         f"b.n{point['n']}.{point['mode']}",
-                        f"fan-out tool phase, N = {point['n']}, {point['mode']}",
+                        f"fan-out tool phase, N = {point['n']}, {point['mode']}"
+                        + (" (no run config)" if point["mode"] == "sync" else ""),
                         point["tool_phase"]["median"],
                         "<=",
                         limit,

@@ -392,7 +392,7 @@ class CeleryDispatcher:
             if self.epochs.lost_marker(epoch, since=since):
                 note_loss(self._redis, prefix, "orchestrator", "a published call's marker", epoch)
             self._publisher.epoch = self.epochs.known
-        if self._idempotent(call):
+        if call.idempotent(self.policies):
             log.warning("Redis lost call %s to %s; publishing it again", call.task_id, call.tool)
             self._after(self._publisher.publish([call]))
             return
@@ -407,14 +407,6 @@ class CeleryDispatcher:
         if future is not None:
             with contextlib.suppress(concurrent.futures.InvalidStateError):
                 future.set_result({"status": VERDICT, "task_id": call.task_id, "verdict": verdict})
-
-    def _idempotent(self, call: PreparedCall) -> bool:
-        """Whether ``call``'s tool may run twice: as its worker's spec says, else as this
-        process's policy says."""
-        stated = call.spec.options.get("idempotent") if call.spec is not None else None
-        if isinstance(stated, bool):
-            return stated
-        return self.policies.for_tool(call.tool).idempotent
 
     def _result(self, call: PreparedCall, meta: dict[str, Any]) -> ToolResult:
         verdict = meta.get("verdict") if meta.get("status") == VERDICT else None

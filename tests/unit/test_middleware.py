@@ -8,7 +8,6 @@ this process, so every path of the middleware runs without a broker.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import threading
 import time
@@ -401,24 +400,6 @@ def test_given_sync_run_with_max_concurrency_then_every_sibling_runs_at_once(
 
     assert [m.content for m in tool_messages(messages)] == [str(i) for i in range(width)]
     assert all(m.status == "success" for m in tool_messages(messages))
-
-
-def test_given_sync_fan_out_wider_than_the_pool_then_said_once(
-    dispatchers: Callable[[Sequence[BaseTool]], InProcessDispatcher],
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    # LangGraph's default pool runs a 40-call fan-out in waves: the log says how to widen it.
-    agent = agent_for(
-        dispatchers([echo]),
-        [tool_calls_message([("echo", {"text": str(i)}) for i in range(40)]), AIMessage("done")],
-        tools=[echo],
-    )
-
-    with caplog.at_level(logging.WARNING, logger="toolfleet.orchestrator"):
-        run(agent, "invoke")
-
-    said = [r.getMessage() for r in caplog.records if "max_concurrency" in r.getMessage()]
-    assert len(said) == 1 and "fan-out of 40 tool calls" in said[0]
 
 
 # --- RemoteToolNode in hand-built graphs ------------------------------------------------
