@@ -68,19 +68,18 @@ def test_calls_run_on_workers_in_call_order(fleet: Settings, mode: str) -> None:
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_fan_out_is_parallel(fleet: Settings, mode: str) -> None:
     """Given 24 calls of a 0.5 s tool (more than LangGraph's 6 sync threads by default),
-    when run (sync: with ``max_concurrency`` in the run config, as docs/concepts.md says), then
-    they overlap: far below the 12 s a serial run takes."""
+    when run with no run config (sync: the calls go out ahead of their hooks), then they
+    overlap: far below the 12 s a serial run takes."""
     calls = [("sleep_for", {"seconds": 0.5, "label": str(i)}) for i in range(24)]
     dispatcher = dispatcher_for(settings=fleet)
     tools = discover_tools(dispatcher=dispatcher, require=["sleep_for"], wait=10)
     agent = create_agent(
         one_turn(calls), tools, middleware=[CeleryToolMiddleware(dispatcher=dispatcher)]
     )
-    config = {"max_concurrency": 32} if mode == "sync" else {}
-    run(agent, mode, **config)  # warm up connections and the listener
+    run(agent, mode)  # warm up connections and the listener
 
     t0 = time.perf_counter()
-    state = run(agent, mode, **config)
+    state = run(agent, mode)
     elapsed = time.perf_counter() - t0
 
     assert [m.content for m in tool_messages(state)] == [f"{i} 0.5" for i in range(24)]
@@ -202,11 +201,13 @@ def test_each_call_is_one_task(fleet: Settings, counter: Any) -> None:
     assert all("(run 1)" in m.content for m in tool_messages(state))
 
 
+@pytest.mark.parametrize("width", [3, 40], ids=["narrow", "wider_than_the_pool"])
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_tool_call_events_stream_live(fleet: Settings, mode: str) -> None:
+def test_tool_call_events_stream_live(fleet: Settings, mode: str, width: int) -> None:
     """Given a fan-out, when streamed with stream_mode="custom", then each call reports
-    dispatched, started (naming its worker) and finished (status and duration)."""
-    calls = [("sleep_for", {"seconds": 0.3, "label": str(i)}) for i in range(3)]
+    dispatched, started (naming its worker) and finished (status and duration); a sync
+    fan-out wider than LangGraph's pool too (its calls published ahead of their hooks)."""
+    calls = [("sleep_for", {"seconds": 0.3, "label": str(i)}) for i in range(width)]
     dispatcher = dispatcher_for(settings=fleet)
     tools = discover_tools(dispatcher=dispatcher, require=["sleep_for"], wait=10)
     agent = create_agent(
@@ -227,7 +228,7 @@ def test_tool_call_events_stream_live(fleet: Settings, mode: str) -> None:
     by_call: dict[str, list[dict[str, Any]]] = {}
     for event in events:
         by_call.setdefault(event["tool_call_id"], []).append(event)
-    assert len(by_call) == 3
+    assert len(by_call) == width
     for seen in by_call.values():
         kinds = [e["event"] for e in seen]
         assert kinds.index("dispatched") < kinds.index("finished")
