@@ -1,6 +1,6 @@
 """Scenario g: what one tool call costs, side by side with a bare Celery app's call.
 
-Three contenders on one Redis server, in one run, each with workers of the same pool
+Four contenders on one Redis server, in one run, each with workers of the same pool
 type and size:
 
 * ``celery_raw``: the bare app of :mod:`orchestrator.bench.raw_celery`, served by a stock
@@ -11,35 +11,54 @@ type and size:
   :class:`~orchestrator.middleware.CeleryToolMiddleware` gathered in one event loop; a
   scripted model calls ``echo`` W times in parallel per turn for T turns, then answers.
 * ``toolfleet_sync``: the same agent, ``invoke`` on K threads, ``max_concurrency`` 8.
+* ``diy_agent``: what a user would write instead of toolfleet: the same ``create_agent``
+  agent and scripted model as ``toolfleet_async``, gathered on the same event loop, but
+  its ``echo`` is a plain async LangChain tool (same schema) that sends the bare app's
+  ``noop`` task and awaits its result on a thread pool of its own
+  (:func:`diy_echo_tool`); no toolfleet code in its path. The bare app's workers run
+  its calls.
+
+``toolfleet_async`` and ``diy_agent`` are also measured at a second, smaller
+concurrency (``runs_small``, K = 10 by default): each level's toolfleet throughput is
+divided by the do-it-yourself agent's of the same level (``levels``).
 
 Each contender is measured in windows of its own, taking turns in rounds (the order
-rotating) so drift in the machine's other load falls on all alike. Around each window
-the server's ``INFO commandstats`` (commands run inside Lua scripts count, as the server
-counts them) and ``INFO stats`` (bytes in and out) are read, and the CPU seconds of this
-process, of the contender's own workers (main process and pool children) and of the
-server. Only the contender's workers have calls to run; the other fleet is up and idle.
+rotating, every window of both levels in every round) so drift in the machine's other
+load falls on all alike. Around each window the server's ``INFO commandstats`` (commands
+run inside Lua scripts count, as the server counts them) and ``INFO stats`` (bytes in and
+out) are read, and the CPU seconds of this process, of the contender's own workers (main
+process and pool children) and of the server. Only the contender's workers have calls to
+run; the other fleet is up and idle.
 The counters and CPU keep running for :data:`SETTLE` seconds after a window's last result
 (its calls per second do not). Nothing is subtracted: a window of the same fleets with no
 calls at all is measured and reported beside them, per second, for the reader to judge.
 
-The toolfleet contenders' orchestrator CPU includes the agent loop itself (LangGraph and
+The agent contenders' orchestrator CPU includes the agent loop itself (LangGraph and
 the scripted model), which the raw client has none of; scenario c's local ``ToolNode``
-contender measures that loop alone. The counters are the whole server's: on a server
-others use too (``use_settings``) their traffic is in them, and a server on another host
-counts no CPU.
+contender measures that loop alone (this scenario does not: the do-it-yourself agent's
+orchestrator CPU is that loop, a LangChain tool run and a thread pool's hop together).
+The counters are the whole server's: on a server others use too (``use_settings``) their
+traffic is in them, and a server on another host counts no CPU.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import json
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from langchain.agents import create_agent
+from langchain_core.tools import BaseTool, StructuredTool
+from pydantic import BaseModel, Field
 
 from orchestrator.bench.agents import (
     PAYLOAD,
@@ -47,6 +66,7 @@ from orchestrator.bench.agents import (
     Runner,
     check_results,
     fleet_agent,
+    tool_messages,
     turns_model,
 )
 from orchestrator.bench.fleet import BenchFleet
@@ -57,15 +77,22 @@ from orchestrator.local import WorkerProcess
 from tool_workers.contract.settings import Settings
 
 CONTENDERS = ("celery_raw", "toolfleet_async", "toolfleet_sync")
+"""The contenders of ``contenders`` in the report, measured at K (``runs``) only."""
+DIY = "diy_agent"
+LEVEL_CONTENDERS = ("toolfleet_async", DIY)
+"""The contenders measured at each concurrency level (``levels`` in the report)."""
 CPU_PARTS = ("orchestrator", "workers", "server")
 WORKER_GROUPS = {
     "celery_raw": "raw_workers",
     "toolfleet_async": "toolfleet_workers",
     "toolfleet_sync": "toolfleet_workers",
+    DIY: "raw_workers",
 }
 """Whose workers ran each contender's calls (their CPU is the contender's)."""
 
 ECHO_TEXT = "hi"
+NOOP_ANSWER = {"text": ECHO_TEXT}
+"""What the bare app's ``noop`` returns for :data:`ECHO_TEXT`."""
 SYNC_MAX_CONCURRENCY = 8
 WINDOW_TIMEOUT = 240.0
 CALL_TIMEOUT = 120.0
@@ -202,6 +229,92 @@ def versus(contender: Mapping[str, Any], raw: Mapping[str, Any]) -> dict[str, An
     }
 
 
+Window = tuple[str, int]
+"""A contender's window: its name and its concurrent runs."""
+
+
+def windows(runs: int, runs_small: int) -> list[Window]:
+    """Every window of a round: each contender at ``runs``, and those of
+    :data:`LEVEL_CONTENDERS` again at ``runs_small`` (unless it is 0 or ``runs``)."""
+    out = [(name, runs) for name in (*CONTENDERS, DIY)]
+    if 0 < runs_small != runs:
+        out += [(name, runs_small) for name in LEVEL_CONTENDERS]
+    return out
+
+
+def rotated(items: Sequence[Window], round_: int) -> list[Window]:
+    """``items`` starting at the ``round_``-th (modulo their number): no window always
+    follows the same one."""
+    shift = round_ % len(items) if items else 0
+    return [*items[shift:], *items[:shift]]
+
+
+def level(runs: int, toolfleet: Mapping[str, Any], diy: Mapping[str, Any]) -> dict[str, Any]:
+    """One concurrency level: toolfleet's and the do-it-yourself agent's numbers (both from
+    :func:`per_call`) and toolfleet's against the do-it-yourself agent's."""
+    return {
+        "runs": runs,
+        "contenders": {"toolfleet_async": dict(toolfleet), DIY: dict(diy)},
+        "versus_diy": versus(toolfleet, diy),
+    }
+
+
+def check_answers(state: dict[str, Any], expected: int, answer: Mapping[str, Any]) -> None:
+    """:func:`~orchestrator.bench.agents.check_results`, and every ToolMessage's content is
+    ``answer`` (a tool's dict result is its JSON in the message).
+
+    Raises:
+        RuntimeError: a run's results are missing, failed or wrong.
+    """
+    check_results(state, expected)
+    for message in tool_messages(state):
+        content = message.content
+        try:
+            got = json.loads(content) if isinstance(content, str) else content
+        except ValueError:
+            got = content
+        if got != answer:
+            raise RuntimeError(f"benchmark run expected {dict(answer)!r}, got: {content!r}")
+
+
+# --- The do-it-yourself agent -----------------------------------------------------------
+
+
+class EchoArgs(BaseModel):
+    """The arguments of toolfleet's ``echo`` (the workers' built-in tool)."""
+
+    text: str = Field(description="Text to return unchanged.")
+
+
+def diy_echo_tool(app: Any, pool: ThreadPoolExecutor, timeout: float = CALL_TIMEOUT) -> BaseTool:
+    """A plain LangChain ``echo`` tool over a bare Celery app: it sends the app's
+    :data:`~orchestrator.bench.raw_celery.NOOP` task and awaits its result on ``pool``
+    (``AsyncResult.get`` blocks), returning what the task returned.
+
+    Args:
+        app: The bare app (:func:`~orchestrator.bench.raw_celery.create_raw_app`).
+        pool: The tool's own threads for the waits.
+        timeout: Seconds a call may wait for its result.
+    """
+
+    async def echo(text: str) -> Any:
+        result = app.send_task(NOOP, args=(text,))
+        return await asyncio.wrap_future(pool.submit(result.get, timeout=timeout))
+
+    return StructuredTool.from_function(
+        coroutine=echo,
+        name="echo",
+        description="Return the given text unchanged. For latency benchmarks and tests.",
+        args_schema=EchoArgs,
+    )
+
+
+def diy_agent(model: Any, tool: BaseTool) -> Any:
+    """``create_agent`` with ``tool`` and no middleware: what a user writes without
+    toolfleet."""
+    return create_agent(model, [tool])
+
+
 # --- Measuring ----------------------------------------------------------------------------
 
 
@@ -331,7 +444,7 @@ def _raw_run(app: Any, turns: int, width: int) -> None:
         results = [app.send_task(NOOP, args=(ECHO_TEXT,)) for _ in range(width)]
         for result in results:
             value = result.get(timeout=CALL_TIMEOUT)
-            if value != {"text": ECHO_TEXT}:
+            if value != NOOP_ANSWER:
                 raise RuntimeError(f"raw Celery noop returned {value!r}")
 
 
@@ -340,6 +453,7 @@ def run_cost(
     settings: Settings,
     *,
     runs: int = 50,
+    runs_small: int = 10,
     turns: int = 5,
     width: int = 4,
     rounds: int = 3,
@@ -350,15 +464,18 @@ def run_cost(
     workers: Sequence[WorkerProcess] = (),
     raw_worker: RawCeleryWorker | None = None,
 ) -> dict[str, Any]:
-    """Measure a call's cost for each contender with ``runs`` concurrent runs.
+    """Measure a call's cost for each contender with ``runs`` concurrent runs, and
+    toolfleet's against the do-it-yourself agent's with ``runs_small`` too.
 
     Args:
         fleet: The run's fleet (its server; it starts and stops toolfleet's workers).
         settings: The scenario's settings (its own namespace).
         runs: Concurrent runs (K).
+        runs_small: The second level's concurrent runs, of ``toolfleet_async`` and the
+            do-it-yourself agent only (0: none).
         turns: Turns per run.
         width: Parallel calls per turn.
-        rounds: Windows per contender.
+        rounds: Windows per contender and level.
         pool: Pool type of both fleets' workers.
         concurrency: Pool size of both fleets' workers.
         idle_seconds: Length of the window with no calls.
@@ -371,7 +488,7 @@ def run_cost(
 
     Raises:
         RuntimeError: the server is not Redis (INFO and the bare app need it), the results
-            go to another server, or a worker did not start.
+            go to another server, a worker did not start, or a run got a wrong result.
     """
     url = fleet.broker_url
     own_workers: list[WorkerProcess] = []
@@ -381,8 +498,13 @@ def run_cost(
         own_workers.append(raw_worker)
     prefix = raw_worker.prefix
     toolfleet_workers = list(workers)
+    plan = windows(runs, runs_small)
     runner = Runner()
     gang = Gang(runs)
+    # The do-it-yourself agent's own threads: one per call in flight at the most, so no
+    # call waits for a thread.
+    diy_threads = max(k for _, k in plan) * width
+    diy_pool = ThreadPoolExecutor(max_workers=diy_threads, thread_name_prefix="bench-diy")
     raw_app = create_raw_app(url, prefix)
     meter: Meter | None = None
     try:
@@ -393,6 +515,7 @@ def run_cost(
         raw_worker.wait_ready(timeout=90)
         dispatcher = fleet.dispatcher(settings)
         calls = [("echo", {"text": ECHO_TEXT})] * width
+        diy_tool = diy_echo_tool(raw_app, diy_pool)
 
         def toolfleet_pids() -> list[int]:
             return [pid for w in toolfleet_workers for pid in (w.pid, *w.children())]
@@ -405,30 +528,38 @@ def run_cost(
 
         sync_config = {**RUN_CONFIG, "max_concurrency": SYNC_MAX_CONCURRENCY}
 
-        def contenders_of(run_turns: int) -> dict[str, Callable[[], int]]:
-            """Each contender's window of ``runs`` concurrent runs of ``run_turns`` turns;
-            each returns the calls it completed (all of them, or it raises)."""
+        def contenders_of(run_turns: int) -> dict[Window, Callable[[], int]]:
+            """Each window's work: its runs, concurrent, of ``run_turns`` turns; each
+            returns the calls it completed (all of them, or it raises)."""
             agent = fleet_agent(turns_model(calls, run_turns), dispatcher)
+            diy = diy_agent(turns_model(calls, run_turns), diy_tool)
             expected = run_turns * width
 
-            def raw() -> int:
+            def raw(k: int) -> int:
                 gang.run(lambda: _raw_run(raw_app, run_turns, width))
-                return runs * expected
+                return k * expected
 
-            def toolfleet_async() -> int:
-                for state in runner.gather([agent] * runs, timeout=WINDOW_TIMEOUT):
+            def toolfleet_async(k: int) -> int:
+                for state in runner.gather([agent] * k, timeout=WINDOW_TIMEOUT):
                     check_results(state, expected)
-                return runs * expected
+                return k * expected
 
-            def toolfleet_sync() -> int:
+            def toolfleet_sync(k: int) -> int:
                 gang.run(lambda: check_results(agent.invoke(PAYLOAD, sync_config), expected))
-                return runs * expected
+                return k * expected
 
-            return {
+            def diy_async(k: int) -> int:
+                for state in runner.gather([diy] * k, timeout=WINDOW_TIMEOUT):
+                    check_answers(state, expected, NOOP_ANSWER)
+                return k * expected
+
+            work: dict[str, Callable[[int], int]] = {
                 "celery_raw": raw,
                 "toolfleet_async": toolfleet_async,
                 "toolfleet_sync": toolfleet_sync,
+                DIY: diy_async,
             }
+            return {(name, k): functools.partial(work[name], k) for name, k in plan}
 
         # A warm-up of one turn each: connections, threads, imports and the workers'
         # pools are all up before anything is measured.
@@ -437,33 +568,38 @@ def run_cost(
         work = contenders_of(turns)
         time.sleep(settle)  # the warm-up's last acknowledgements are no idle traffic
         idle = meter.idle(idle_seconds)
-        usage = {name: Usage() for name in CONTENDERS}
-        per_round: dict[str, list[float]] = {name: [] for name in CONTENDERS}
+        usage = {window: Usage() for window in plan}
+        per_round: dict[Window, list[float]] = {window: [] for window in plan}
         for round_ in range(rounds):
-            # The order rotates: no contender always follows the same one.
-            order = CONTENDERS[round_ % len(CONTENDERS) :] + CONTENDERS[: round_ % len(CONTENDERS)]
-            for name in order:
-                window = meter.measure(work[name], settle)
-                usage[name] = usage[name] + window
-                per_round[name].append(window.calls / window.seconds if window.seconds else 0.0)
+            # The order rotates: no window always follows the same one.
+            for window in rotated(plan, round_):
+                measured = meter.measure(work[window], settle)
+                usage[window] = usage[window] + measured
+                per_round[window].append(
+                    measured.calls / measured.seconds if measured.seconds else 0.0
+                )
     finally:
         gang.close()
         runner.close()
+        diy_pool.shutdown(wait=False, cancel_futures=True)
         if meter is not None:
             meter.close()
         _close_raw_app(raw_app)
         # Both fleets stop together (a warm shutdown each).
         fleet.stop_workers(own_workers)
-    contenders = {
-        name: {
-            **per_call(usage[name], WORKER_GROUPS[name]),
-            "calls_per_second_by_round": per_round[name],
+    numbers = {
+        window: {
+            **per_call(usage[window], WORKER_GROUPS[window[0]]),
+            "calls_per_second_by_round": per_round[window],
         }
-        for name in CONTENDERS
+        for window in plan
     }
+    contenders = {name: numbers[(name, runs)] for name in CONTENDERS}
     raw_numbers = contenders["celery_raw"]
+    levels = sorted({k for _, k in plan}, reverse=True)
     return {
         "runs": runs,
+        "runs_small": runs_small,
         "turns": turns,
         "width": width,
         "rounds": rounds,
@@ -471,9 +607,11 @@ def run_cost(
         "concurrency": concurrency,
         "contenders": contenders,
         "versus_raw": {
-            name: versus(contenders[name], raw_numbers)
-            for name in ("toolfleet_async", "toolfleet_sync")
+            name: versus(numbers[(name, runs)], raw_numbers)
+            for name in ("toolfleet_async", "toolfleet_sync", DIY)
         },
+        "levels": [level(k, numbers[("toolfleet_async", k)], numbers[(DIY, k)]) for k in levels],
+        "diy_pool_threads": diy_threads,
         "idle": per_second(idle),
     }
 

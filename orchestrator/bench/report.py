@@ -254,6 +254,7 @@ COST_LABELS = {
     "toolfleet_async": "toolfleet ainvoke",
     "toolfleet_sync": "toolfleet invoke",
 }
+DIY_LABEL = "do-it-yourself agent"
 COST_TOP_COMMANDS = 12
 
 
@@ -261,40 +262,84 @@ def _times(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} x"
 
 
+def _cost_row(label: str, c: dict[str, Any], vs: dict[str, Any] | None) -> list[str]:
+    """A contender's row of the per-call table; ``vs`` its numbers against raw Celery's
+    (None: not measured at the same K, dashes)."""
+    cpu = c["cpu_ms_per_call"]
+    return [
+        label,
+        f"{c['commands_per_call']:.2f}",
+        f"{c['bytes_per_call']:.0f}",
+        *(f"{cpu[part]:.3f}" for part in ("orchestrator", "workers", "server", "total")),
+        f"{c['calls_per_second']:.0f}",
+        *(
+            (
+                f"{vs['commands_difference_per_call']:+.2f}",
+                _times(vs["bytes_ratio"]),
+                _times(vs["throughput_ratio"]),
+                _times(vs["cpu_ratio"]["total"]),
+            )
+            if vs
+            else ("-", "-", "-", "-")
+        ),
+    ]
+
+
+def diy_rows(cost: dict[str, Any]) -> list[list[str]]:
+    """The per-call table's rows of the do-it-yourself agent: at each level (K), its row,
+    toolfleet ainvoke's at that K (the K of the other rows has it already), and toolfleet
+    over it (commands a difference; bytes, CPU and calls/s ratios)."""
+    rows = []
+    versus_raw = cost["versus_raw"]
+    for lv in cost.get("levels", []):
+        k = lv["runs"]
+        same_k = k == cost["runs"]
+        if not same_k:
+            rows.append(
+                _cost_row(f"toolfleet ainvoke, K = {k}", lv["contenders"]["toolfleet_async"], None)
+            )
+        rows.append(
+            _cost_row(
+                f"{DIY_LABEL}, K = {k}",
+                lv["contenders"]["diy_agent"],
+                versus_raw.get("diy_agent") if same_k else None,
+            )
+        )
+        vs = lv["versus_diy"]
+        rows.append(
+            [
+                f"toolfleet ainvoke / {DIY_LABEL}, K = {k}",
+                f"{vs['commands_difference_per_call']:+.2f}",
+                _times(vs["bytes_ratio"]),
+                *(
+                    _times(vs["cpu_ratio"][part])
+                    for part in ("orchestrator", "workers", "server", "total")
+                ),
+                _times(vs["throughput_ratio"]),
+                "",
+                "",
+                "",
+                "",
+            ]
+        )
+    return rows
+
+
 def _cost_sections(cost: dict[str, Any]) -> list[Section]:
     if "contenders" not in cost:
         return []
     contenders, versus = cost["contenders"], cost["versus_raw"]
-    rows = []
-    for key, label in COST_LABELS.items():
-        c = contenders[key]
-        cpu = c["cpu_ms_per_call"]
-        vs = versus.get(key)
-        rows.append(
-            [
-                label,
-                f"{c['commands_per_call']:.2f}",
-                f"{c['bytes_per_call']:.0f}",
-                *(f"{cpu[part]:.3f}" for part in ("orchestrator", "workers", "server", "total")),
-                f"{c['calls_per_second']:.0f}",
-                *(
-                    (
-                        f"{vs['commands_difference_per_call']:+.2f}",
-                        _times(vs["bytes_ratio"]),
-                        _times(vs["throughput_ratio"]),
-                        _times(vs["cpu_ratio"]["total"]),
-                    )
-                    if vs
-                    else ("-", "-", "-", "-")
-                ),
-            ]
-        )
+    rows = [
+        _cost_row(label, contenders[key], versus.get(key)) for key, label in COST_LABELS.items()
+    ]
+    rows += diy_rows(cost)
     title = (
         f"g. Cost per call: {cost['runs']} concurrent runs of {cost['turns']} turns x "
         f"{cost['width']} parallel calls (raw Celery: send_task + get on threads), "
         f"{cost['pool']} pool of {cost['concurrency']} per fleet, "
         f"{contenders['celery_raw']['calls']} calls each in {cost['rounds']} round(s); "
         "CPU in ms per call"
+        + (f"; K = {cost['runs']} unless the row says" if cost.get("levels") else "")
     )
     headers = [
         "",
@@ -312,17 +357,23 @@ def _cost_sections(cost: dict[str, Any]) -> list[Section]:
     ]
     out: list[Section] = [(title, headers, rows)]
     idle = cost["idle"]
-    by_name = {key: contenders[key]["commands_by_name_per_call"] for key in COST_LABELS}
+    by_name = {
+        label: contenders[key]["commands_by_name_per_call"] for key, label in COST_LABELS.items()
+    }
+    same_k = [lv for lv in cost.get("levels", []) if lv["runs"] == cost["runs"]]
+    if same_k:
+        by_name[DIY_LABEL] = same_k[0]["contenders"]["diy_agent"]["commands_by_name_per_call"]
     names: dict[str, float] = {}
     for counts in by_name.values():
         for name, count in list(counts.items())[:COST_TOP_COMMANDS]:
             names[name] = max(names.get(name, 0.0), count)
-    order = sorted(names, key=lambda n: (-by_name["toolfleet_async"].get(n, 0.0), -names[n], n))
+    toolfleet = by_name[COST_LABELS["toolfleet_async"]]
+    order = sorted(names, key=lambda n: (-toolfleet.get(n, 0.0), -names[n], n))
     idle_names = idle["commands_by_name_per_second"]
     rows = [
         [
             name,
-            *(f"{by_name[key][name]:.2f}" if name in by_name[key] else "-" for key in COST_LABELS),
+            *(f"{counts[name]:.2f}" if name in counts else "-" for counts in by_name.values()),
             f"{idle_names[name]:.2f}" if name in idle_names else "-",
         ]
         for name in order
@@ -330,7 +381,7 @@ def _cost_sections(cost: dict[str, Any]) -> list[Section]:
     out.append(
         (
             f"g. Redis commands per call by command (the top {COST_TOP_COMMANDS} of each)",
-            ["command", *COST_LABELS.values(), "idle, per second"],
+            ["command", *by_name, "idle, per second"],
             rows,
         )
     )

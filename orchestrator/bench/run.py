@@ -13,7 +13,9 @@ Benchmarks are not timed tests: they print tables and write a report. The scenar
 * f. ``links``: one call and a fan-out with 0, 20 and 50 ms of round-trip delay added
   between the hosts and Redis, with the round trips a call costs, counted.
 * g. ``cost``: Redis commands, bytes on the wire and CPU (orchestrator, workers, server)
-  per call, and calls per second, against a bare Celery app on the same server.
+  per call, and calls per second, against a bare Celery app on the same server, and
+  against a do-it-yourself agent (the same agent, its tool a bare Celery task awaited on
+  a thread pool) at K and at a smaller K.
 
 It starts what it needs: an embedded server and ``celery worker`` processes (or only
 the workers, on the broker the settings name, with ``use_settings``), and stops them.
@@ -76,6 +78,9 @@ class Plan:
     links_repeats: int = 3
     links_concurrency: int = 64
     cost_runs: int = 50
+    cost_runs_small: int = 10
+    """The second concurrency level of toolfleet's async runs and the do-it-yourself
+    agent's (0: none)."""
     cost_turns: int = 5
     cost_width: int = 4
     cost_rounds: int = 3
@@ -116,6 +121,7 @@ QUICK = Plan(
     links_repeats=1,
     links_concurrency=8,
     cost_runs=4,
+    cost_runs_small=2,
     cost_rounds=1,
     cost_pool="threads",
     cost_concurrency=2,
@@ -273,6 +279,7 @@ def run_bench(
                 fleet,
                 main if shared_cost else fleet.settings("cost"),
                 runs=plan.cost_runs,
+                runs_small=plan.cost_runs_small,
                 turns=plan.cost_turns,
                 width=plan.cost_width,
                 rounds=plan.cost_rounds,

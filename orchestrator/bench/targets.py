@@ -165,6 +165,12 @@ KNOWN_FLOORS = {
     "ids, routing version) beside Celery's envelope",
     "g.throughput": "the orchestrator runs LangGraph's agent loop per call (about 2 ms of "
     "CPU, more than a bare Celery client spends); on few cores that bounds the ratio",
+    "g.vs_diy": "the orchestrator, the workers and Redis share the machine's cores, so the "
+    "CPU all of them spend per call bounds calls per second; both run the same LangGraph "
+    "agent loop per call, and toolfleet's workers also run LangChain's BaseTool.invoke and "
+    "a fenced start and result script per call, which a bare Celery task does not",
+    "g.workers_cpu": "toolfleet's workers run LangChain's BaseTool.invoke and a fenced start "
+    "and result script per call; a bare Celery task runs a function",
 }
 """What bounds a target from below, as measured (``bench/README.md``), by id prefix."""
 
@@ -195,6 +201,9 @@ def why_missed(tid: str, report: dict[str, Any]) -> str:
                 + ", ".join(f"{name} +{count:g}" for name, count in extra.items())
                 + " beyond raw Celery's; no known cause: a regression to look into"
             )
+    measured = cost_facts(report, tid)
+    if measured:
+        reasons.append(measured)
     known = max(
         (prefix for prefix in KNOWN_FLOORS if tid.startswith(prefix)), key=len, default=None
     )
@@ -220,10 +229,50 @@ def extra_commands(report: dict[str, Any], mode: str) -> dict[str, float]:
     return dict(sorted(kept, key=lambda item: (-item[1], item[0])))
 
 
+def cost_facts(report: dict[str, Any], tid: str) -> str:
+    """What the cost scenario measured behind a ``g.vs_diy.k<K>`` or ``g.workers_cpu``
+    target: the CPU per call of both sides ("" for any other target, or when not there)."""
+    cost = report.get("scenarios", {}).get("cost", {})
+    if tid.startswith("g.vs_diy.k"):
+        runs = tid.removeprefix("g.vs_diy.k")
+        found = [lv for lv in cost.get("levels", []) if str(lv["runs"]) == runs]
+        if not found:
+            return ""
+        mine = found[0]["contenders"]["toolfleet_async"]["cpu_ms_per_call"]
+        theirs = found[0]["contenders"]["diy_agent"]["cpu_ms_per_call"]
+        facts = "CPU per call, toolfleet's against the do-it-yourself agent's: " + ", ".join(
+            f"{part} {mine[part]:.2f} ms / {theirs[part]:.2f} ms"
+            for part in ("orchestrator", "workers", "server", "total")
+        )
+        cores = report.get("machine", {}).get("cores") or 0
+        rate = found[0]["contenders"]["diy_agent"]["calls_per_second"]
+        if cores and mine["total"] > 0 and rate > 0:
+            # Every process of the run is on this machine's cores (the server too, unless
+            # it is on another host, when it counts no CPU here).
+            ceiling = cores * 1000 / mine["total"]
+            facts += (
+                f"; at toolfleet's {mine['total']:.2f} ms, {cores} cores run at most "
+                f"{ceiling:.0f} calls/s, {ceiling / rate:.2f} x the do-it-yourself agent's "
+                f"{rate:.0f}"
+            )
+        return facts
+    if tid == "g.workers_cpu":
+        contenders = cost.get("contenders", {})
+        if "toolfleet_async" not in contenders or "celery_raw" not in contenders:
+            return ""
+        mine = contenders["toolfleet_async"]["cpu_ms_per_call"]["workers"]
+        raw = contenders["celery_raw"]["cpu_ms_per_call"]["workers"]
+        return f"worker CPU per call {mine:.2f} ms against a bare Celery worker's {raw:.2f} ms"
+    return ""
+
+
 COST_EXTRA_COMMANDS = 3.0
 """Redis commands per call toolfleet may run beyond a bare Celery app's."""
 COST_BYTES_RATIO = 1.2
 COST_THROUGHPUT_RATIO = 0.9
+COST_DIY_RATIO = 1.5
+"""Calls per second toolfleet's async runs make over a do-it-yourself agent's, same K."""
+COST_WORKERS_CPU_RATIO = 1.2
 
 
 def _cost_targets(cost: dict[str, Any]) -> list[dict[str, Any]]:
@@ -264,4 +313,32 @@ def _cost_targets(cost: dict[str, Any]) -> list[dict[str, Any]]:
                     "x",
                 )
             )
+    for lv in cost.get("levels", []):
+        diy_ratio = lv["versus_diy"]["throughput_ratio"]
+        if diy_ratio is not None:
+            out.append(
+                _target(
+                    f"g.vs_diy.k{lv['runs']}",
+                    f"throughput / the do-it-yourself agent's, {lv['runs']} runs, ainvoke",
+                    diy_ratio,
+                    ">=",
+                    COST_DIY_RATIO,
+                    "x",
+                )
+            )
+    # No target of all processes' CPU per call over the agent loop's alone plus bare
+    # Celery's: this scenario does not measure the agent loop alone (the do-it-yourself
+    # agent's orchestrator CPU also holds a LangChain tool run and a thread pool's hop).
+    workers = cost["versus_raw"]["toolfleet_async"]["cpu_ratio"].get("workers")
+    if workers is not None:
+        out.append(
+            _target(
+                "g.workers_cpu",
+                "toolfleet's worker CPU per call / bare Celery worker's, ainvoke",
+                workers,
+                "<=",
+                COST_WORKERS_CPU_RATIO,
+                "x",
+            )
+        )
     return out

@@ -2,25 +2,40 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from langchain_core.messages import HumanMessage, ToolMessage
 
+from orchestrator.bench.agents import PAYLOAD, RUN_CONFIG, turns_model
 from orchestrator.bench.cost import (
+    DIY,
+    NOOP_ANSWER,
     Gang,
     Usage,
+    check_answers,
     command_calls,
     diff_counts,
+    diy_agent,
+    diy_echo_tool,
+    level,
     net_bytes,
     per_call,
     per_second,
     per_unit,
     ratio,
+    rotated,
     top,
     versus,
+    windows,
 )
-from orchestrator.bench.report import markdown
-from orchestrator.bench.targets import targets
+from orchestrator.bench.raw_celery import NOOP
+from orchestrator.bench.report import diy_rows, markdown
+from orchestrator.bench.targets import targets, why_missed
 
 
 def _info(calls: dict[str, int], net_in: int, net_out: int) -> dict[str, Any]:
@@ -168,17 +183,20 @@ def _cost_report(toolfleet: dict[str, Any]) -> dict[str, Any]:
 
 def test_cost_targets_are_judged_against_raw_celery() -> None:
     """Given toolfleet within 3 commands, 1.2 x bytes and 0.9 x throughput of raw Celery,
-    when judged, then all six targets pass; with 4 extra commands, those two miss."""
+    when judged, then all six targets pass (and the workers' CPU, 1.5 x raw Celery's, is
+    judged too: a miss); with 4 extra commands, those two miss."""
     report = _cost_report(_numbers(20.5, 5500.0, 380.0, 3.0))
 
     judged = {t["id"]: t for t in targets(report)}
 
-    assert {
+    six = {
         f"g.{kind}.{mode}"
         for kind in ("commands", "bytes", "throughput")
         for mode in ("async", "sync")
-    } == set(judged)
-    assert all(t["pass"] for t in judged.values())
+    }
+    assert six | {"g.workers_cpu"} == set(judged)
+    assert all(judged[tid]["pass"] for tid in six)
+    assert judged["g.workers_cpu"]["value"] == 1.5 and not judged["g.workers_cpu"]["pass"]
 
     worse = {t["id"]: t["pass"] for t in targets(_cost_report(_numbers(22.0, 5500.0, 380.0, 3.0)))}
     assert not worse["g.commands.async"] and not worse["g.commands.sync"]
@@ -216,3 +234,221 @@ def test_gang_runs_a_job_on_every_thread_and_reports_failures() -> None:
             gang.run(fail, timeout=10)
     finally:
         gang.close()
+
+
+def test_windows_measure_two_levels_of_toolfleet_async_and_the_diy_agent() -> None:
+    """Given K = 50 and a small K of 10, then every contender has a window at 50 and
+    toolfleet's async runs and the do-it-yourself agent one more each at 10; a small K of
+    0 or equal to K adds none. Each round starts one window further on."""
+    plan = windows(50, 10)
+
+    assert plan == [
+        ("celery_raw", 50),
+        ("toolfleet_async", 50),
+        ("toolfleet_sync", 50),
+        (DIY, 50),
+        ("toolfleet_async", 10),
+        (DIY, 10),
+    ]
+    assert windows(50, 50) == windows(50, 0) == plan[:4]
+    assert rotated(plan, 0) == plan
+    assert rotated(plan, 2)[:2] == [("toolfleet_sync", 50), (DIY, 50)]
+    assert rotated(plan, 2)[-1] == ("toolfleet_async", 50)
+    assert rotated(plan, 7) == rotated(plan, 1)
+
+
+def _state(contents: list[str], status: str = "success") -> dict[str, Any]:
+    messages: list[Any] = [HumanMessage("go")]
+    for index, content in enumerate(contents):
+        messages.append(ToolMessage(content, tool_call_id=f"c{index}", status=status))
+    return {"messages": messages}
+
+
+def test_check_answers_wants_the_noops_answer_in_every_tool_message() -> None:
+    """Given a run's ToolMessages, when checked against the noop's answer, then its JSON
+    in every message passes, and a wrong answer, a non-JSON answer, a failed call or a
+    missing call raises."""
+    right = '{"text": "hi"}'
+
+    check_answers(_state([right, right]), 2, NOOP_ANSWER)
+
+    with pytest.raises(RuntimeError, match="expected"):
+        check_answers(_state([right, '{"text": "ho"}']), 2, NOOP_ANSWER)
+    with pytest.raises(RuntimeError, match="expected"):
+        check_answers(_state([right, "hi"]), 2, NOOP_ANSWER)
+    with pytest.raises(RuntimeError, match="expected 2 results"):
+        check_answers(_state([right, right], status="error"), 2, NOOP_ANSWER)
+    with pytest.raises(RuntimeError, match="expected 3 results"):
+        check_answers(_state([right, right]), 3, NOOP_ANSWER)
+
+
+class _Result:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.waited_on: str | None = None
+
+    def get(self, timeout: float) -> Any:
+        self.waited_on = threading.current_thread().name
+        return self.value
+
+
+class _App:
+    """A bare Celery app's client side: ``send_task`` returns a result to wait on."""
+
+    def __init__(self, answer: Callable[[str], Any]) -> None:
+        self.answer = answer
+        self.sent: list[tuple[str, tuple[Any, ...]]] = []
+        self.results: list[_Result] = []
+
+    def send_task(self, name: str, args: tuple[Any, ...]) -> _Result:
+        self.sent.append((name, args))
+        self.results.append(_Result(self.answer(*args)))
+        return self.results[-1]
+
+
+def test_the_diy_tool_sends_the_noop_and_waits_on_its_own_threads() -> None:
+    """Given a bare app, when the do-it-yourself ``echo`` is called, then it has
+    toolfleet's ``echo`` schema, sends one noop task with the text and waits for the result
+    on the pool's threads, returning what the task returned."""
+    app = _App(lambda text: {"text": text})
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="diy-test") as pool:
+        tool = diy_echo_tool(app, pool)
+
+        out = asyncio.run(tool.ainvoke({"text": "hi"}))
+
+    assert tool.name == "echo" and list(tool.args) == ["text"]
+    assert tool.args["text"]["type"] == "string"
+    assert out == {"text": "hi"}
+    assert app.sent == [(NOOP, ("hi",))]
+    assert (app.results[0].waited_on or "").startswith("diy-test")
+
+
+def test_a_diy_agent_run_passes_its_check_and_a_wrong_answer_raises() -> None:
+    """Given the do-it-yourself agent of 2 turns x 3 parallel echo calls over a bare app,
+    when it runs, then its 6 ToolMessages carry the noop's answer; over an app answering
+    something else, the check raises."""
+    calls = [("echo", {"text": "hi"})] * 3
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        agent = diy_agent(
+            turns_model(calls, 2), diy_echo_tool(_App(lambda text: {"text": text}), pool)
+        )
+        state = asyncio.run(agent.ainvoke(PAYLOAD, RUN_CONFIG))
+        check_answers(state, 6, NOOP_ANSWER)
+
+        wrong = diy_agent(turns_model(calls, 2), diy_echo_tool(_App(lambda text: text), pool))
+        state = asyncio.run(wrong.ainvoke(PAYLOAD, RUN_CONFIG))
+        with pytest.raises(RuntimeError, match="expected"):
+            check_answers(state, 6, NOOP_ANSWER)
+
+
+def _cpu_numbers(rate: float, orchestrator: float, workers: float) -> dict[str, Any]:
+    numbers = _numbers(18.0, 5000.0, rate, 0.0)
+    cpu = {"orchestrator": orchestrator, "workers": workers, "server": 0.25}
+    numbers["cpu_ms_per_call"] = {**cpu, "total": sum(cpu.values())}
+    return numbers
+
+
+def _diy_report(small_ratio: float = 1.6) -> dict[str, Any]:
+    """A cost result with the do-it-yourself agent at K = 50 and K = 10: toolfleet at 600
+    calls/s against 400 (1.5 x) at 50, ``small_ratio`` x 300 against 300 at 10."""
+    report = _cost_report(_cpu_numbers(600.0, 2.0, 1.0))
+    cost = report["scenarios"]["cost"]
+    cost["runs_small"] = 10
+    diy = _cpu_numbers(400.0, 3.0, 0.75)
+    cost["versus_raw"][DIY] = versus(diy, cost["contenders"]["celery_raw"])
+    cost["levels"] = [
+        level(50, cost["contenders"]["toolfleet_async"], diy),
+        level(10, _cpu_numbers(300.0 * small_ratio, 2.5, 1.0), _cpu_numbers(300.0, 4.0, 0.8)),
+    ]
+    return report
+
+
+def test_a_level_compares_toolfleet_with_the_diy_agent() -> None:
+    """Given both contenders' numbers at one K, then the level keeps both and toolfleet's
+    against the do-it-yourself agent's: calls per second and CPU as ratios."""
+    lv = _diy_report()["scenarios"]["cost"]["levels"][0]
+
+    assert lv["runs"] == 50 and set(lv["contenders"]) == {"toolfleet_async", DIY}
+    assert lv["versus_diy"]["throughput_ratio"] == 1.5
+    assert lv["versus_diy"]["cpu_ratio"]["orchestrator"] == pytest.approx(2.0 / 3.0)
+    assert lv["versus_diy"]["cpu_ratio"]["total"] == pytest.approx(3.25 / 4.0)
+
+
+def test_diy_rows_show_each_level_and_toolfleet_over_the_diy_agent() -> None:
+    """Given two levels, when rendered, then the do-it-yourself agent has a row per K (its
+    columns against raw Celery only at the K raw Celery ran at), toolfleet's async runs a
+    row at the small K, and each K a row of toolfleet over the do-it-yourself agent."""
+    report = _diy_report()
+    report["targets"] = targets(report)
+
+    rows = diy_rows(report["scenarios"]["cost"])
+    text = markdown(report)
+
+    assert [row[0] for row in rows] == [
+        "do-it-yourself agent, K = 50",
+        "toolfleet ainvoke / do-it-yourself agent, K = 50",
+        "toolfleet ainvoke, K = 10",
+        "do-it-yourself agent, K = 10",
+        "toolfleet ainvoke / do-it-yourself agent, K = 10",
+    ]
+    assert "| do-it-yourself agent, K = 50 | 18.00 | 5000 | 3.000 | 0.750 | 0.250 | 4.000 |" in text
+    assert "| 400 | +0.00 | 1.00 x | 1.00 x | 1.00 x |" in text
+    assert "| toolfleet ainvoke / do-it-yourself agent, K = 50 | +0.00 | 1.00 x | 0.67 x |" in text
+    assert "| 0.81 x | 1.50 x |" in text
+    small = "| do-it-yourself agent, K = 10 | 18.00 | 5000 | 4.000 | 0.800 | 0.250 | 5.050 | 300 |"
+    assert small in text
+    assert "| 1.60 x |" in text
+    # The commands by name: a column for the do-it-yourself agent at K.
+    columns = "| raw Celery | toolfleet ainvoke | toolfleet invoke | do-it-yourself agent |"
+    assert f"| command {columns}" in text
+
+
+def test_diy_targets_per_level_and_the_workers_cpu() -> None:
+    """Given toolfleet 1.5 x the do-it-yourself agent's calls per second at K = 50, 1.4 x at
+    K = 10, and its workers 1.0 ms per call against raw Celery's 0.0, then g.vs_diy.k50
+    passes, g.vs_diy.k10 misses and says what was measured and what bounds it."""
+    report = _diy_report(small_ratio=1.4)
+
+    judged = {t["id"]: t for t in targets(report) if t["id"].startswith("g.vs_diy")}
+
+    assert set(judged) == {"g.vs_diy.k50", "g.vs_diy.k10"}
+    assert judged["g.vs_diy.k50"]["pass"] and judged["g.vs_diy.k50"]["op"] == ">="
+    assert judged["g.vs_diy.k50"]["what"] == (
+        "throughput / the do-it-yourself agent's, 50 runs, ainvoke"
+    )
+    missed = judged["g.vs_diy.k10"]
+    assert not missed["pass"] and missed["value"] == pytest.approx(1.4)
+    why = missed["why"]
+    assert "orchestrator 2.50 ms / 4.00 ms" in why, why
+    assert "total 3.75 ms / 5.05 ms" in why, why
+    # No machine in the report: no bound from its cores.
+    assert "cores run at most" not in why, why
+    assert "same LangGraph agent loop" in why, why
+
+    report["machine"] = {"cores": 2}
+    why = why_missed("g.vs_diy.k10", report)
+    assert "at toolfleet's 3.75 ms, 2 cores run at most 533 calls/s, 1.78 x the " in why, why
+    assert "do-it-yourself agent's 300;" in why, why
+
+
+def test_workers_cpu_target_and_why() -> None:
+    """Given toolfleet's workers at 1.9 ms per call and a bare Celery worker's at 1.0 ms,
+    then g.workers_cpu (at most 1.2 x) misses, giving both and what toolfleet's workers run
+    per call that a bare Celery task does not; at 1.1 ms it passes."""
+    report = _cost_report(_cpu_numbers(400.0, 2.0, 1.9))
+    raw = report["scenarios"]["cost"]["contenders"]["celery_raw"]
+    raw["cpu_ms_per_call"] = {"orchestrator": 1.0, "workers": 1.0, "server": 0.25, "total": 2.25}
+    report["scenarios"]["cost"]["versus_raw"]["toolfleet_async"] = versus(
+        report["scenarios"]["cost"]["contenders"]["toolfleet_async"], raw
+    )
+
+    target = {t["id"]: t for t in targets(report)}["g.workers_cpu"]
+
+    assert not target["pass"] and target["value"] == pytest.approx(1.9)
+    assert target["what"] == "toolfleet's worker CPU per call / bare Celery worker's, ainvoke"
+    assert "worker CPU per call 1.90 ms against a bare Celery worker's 1.00 ms" in target["why"]
+    assert "BaseTool.invoke" in target["why"] and "fenced start" in target["why"]
+    assert why_missed("g.workers_cpu", {}).endswith("a bare Celery task runs a function")
+
+    report["scenarios"]["cost"]["versus_raw"]["toolfleet_async"]["cpu_ratio"]["workers"] = 1.1
+    assert {t["id"]: t for t in targets(report)}["g.workers_cpu"]["pass"]
