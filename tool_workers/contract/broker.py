@@ -13,9 +13,10 @@ from celery import Celery
 from tool_workers.contract.amqp import AMQP_CLASS, amqp_config
 from tool_workers.contract.connections import celery_tls_config, keepalive_options
 from tool_workers.contract.names import task_name
-from tool_workers.contract.settings import Settings, ToolPolicies
+from tool_workers.contract.settings import Settings, ToolPolicies, is_sentinel_url
 
 BACKEND_CLASS = "tool_workers.celery_ext.backend:ToolfleetRedisBackend"
+SENTINEL_BACKEND_CLASS = "tool_workers.celery_ext.backend:ToolfleetSentinelBackend"
 
 REDELIVERY_MARGIN = 30.0
 """Seconds added to the longest time limit to get the broker's visibility timeout."""
@@ -55,11 +56,15 @@ def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
     }
     if settings.namespace:
         backend_transport["global_keyprefix"] = f"{settings.namespace}:"
+    backend_class = BACKEND_CLASS
+    if is_sentinel_url(settings.backend_url):
+        backend_class = SENTINEL_BACKEND_CLASS
+        backend_transport.update(sentinel_options(settings))
     routes = {task_name(name): {"queue": policies.for_tool(name).queue} for name in policies.tools}
     return {
         "broker_url": settings.broker_url,
         # Celery's Redis backend with atomic stores and reply-channel publishing.
-        "result_backend": f"{BACKEND_CLASS}+{settings.backend_url}",
+        "result_backend": f"{backend_class}+{settings.backend_url}",
         **broker,
         "result_backend_transport_options": backend_transport,
         "broker_connection_retry_on_startup": True,
@@ -136,7 +141,21 @@ def _redis_transport(settings: Settings, policies: ToolPolicies) -> dict[str, An
     }
     if settings.namespace:
         transport["global_keyprefix"] = f"{settings.namespace}:"
+    if is_sentinel_url(settings.broker_url):
+        transport.update(sentinel_options(settings))
     return transport
+
+
+def sentinel_options(settings: Settings) -> dict[str, Any]:
+    """kombu's and Celery's Sentinel options: the primary's name, the Sentinels' own
+    password and timeouts."""
+    own: dict[str, Any] = {
+        "socket_timeout": settings.socket_timeout,
+        "socket_connect_timeout": settings.socket_timeout,
+    }
+    if settings.sentinel_password:
+        own["password"] = settings.sentinel_password
+    return {"master_name": settings.sentinel_master, "sentinel_kwargs": own}
 
 
 def create_app(

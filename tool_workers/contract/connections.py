@@ -18,13 +18,15 @@ from __future__ import annotations
 import socket
 import ssl
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.sentinel
+import redis.sentinel
 
 from tool_workers.contract.masking import mask_secrets
-from tool_workers.contract.settings import Settings
+from tool_workers.contract.settings import Settings, is_sentinel_url
 
 try:  # redis-py 7.2 and later: the client's name and version sent on connect (CLIENT SETINFO)
     from redis.driver_info import DriverInfo
@@ -147,13 +149,125 @@ def redis_client(url: str, settings: Settings, **kwargs: Any) -> redis.Redis:
     TCP keepalive and health checks.
 
     Args:
-        url: A ``redis://`` or ``rediss://`` URL (credentials in it).
+        url: A ``redis://`` or ``rediss://`` URL (credentials in it), or Celery's
+            ``sentinel://`` form: the client then talks to the primary the Sentinels
+            name ``TOOLFLEET_SENTINEL_MASTER``, found again after a failover.
         settings: Supplies the TLS options and ``socket_timeout``.
         **kwargs: More ``redis.Redis`` options; they win over the defaults.
     """
+    if is_sentinel_url(url):
+        manager = _sentinel(redis.sentinel.Sentinel, url, settings, kwargs)
+        client: redis.Redis = manager.master_for(_master(settings), redis_class=_SentinelRedis)
+        return client
     return redis.Redis.from_url(url, **_client_kwargs(url, settings, kwargs))
 
 
-def async_redis_client(url: str, settings: Settings, **kwargs: Any) -> aioredis.Redis:
-    """The ``redis.asyncio`` counterpart of :func:`redis_client`."""
-    return aioredis.from_url(url, **_client_kwargs(url, settings, kwargs))
+def async_redis_client(
+    url: str, settings: Settings, *, pool_size: int | None = None, **kwargs: Any
+) -> aioredis.Redis:
+    """The ``redis.asyncio`` counterpart of :func:`redis_client`.
+
+    Args:
+        pool_size: At most this many connections; a caller that finds them all busy
+            waits (up to ``TOOLFLEET_REDIS_POOL_TIMEOUT``) instead of failing.
+    """
+    blocking = (
+        {"max_connections": pool_size, "timeout": settings.redis_pool_timeout}
+        if pool_size is not None
+        else {}
+    )
+    if is_sentinel_url(url):
+        manager = _sentinel(aioredis.sentinel.Sentinel, url, settings, kwargs)
+        pool_class: Any = aioredis.sentinel.SentinelConnectionPool
+        if pool_size is not None:
+            pool_class = _BlockingSentinelPool
+        primary: aioredis.Redis = manager.master_for(
+            _master(settings),
+            redis_class=_AsyncSentinelRedis,
+            connection_pool_class=pool_class,
+            **blocking,
+        )
+        return primary
+    if pool_size is None:
+        return aioredis.from_url(url, **_client_kwargs(url, settings, kwargs))
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, **blocking, **redis_connection_kwargs(url, settings), **kwargs
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
+# -- Sentinel: the primary found through the Sentinels ----------------------------------
+
+
+def sentinel_addresses(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """The Sentinels of a ``sentinel://`` URL and the primary's connection options in it
+    (database, user name, password), in Celery's form: ``sentinel://[:password@]host:port``
+    parts joined by ``;``, the database after the last."""
+    hosts: list[tuple[str, int]] = []
+    options: dict[str, Any] = {}
+    for part in url.split(";"):
+        parts = urlsplit(part.strip())
+        if parts.hostname:
+            hosts.append((parts.hostname, parts.port or SENTINEL_PORT))
+        if parts.password and "password" not in options:
+            options["password"] = unquote(parts.password)
+        if parts.username and "username" not in options:
+            options["username"] = unquote(parts.username)
+        if parts.path.strip("/"):
+            options["db"] = int(parts.path.strip("/"))
+    return hosts, options
+
+
+SENTINEL_PORT = 26379
+
+
+def _master(settings: Settings) -> str:
+    if not settings.sentinel_master:  # the settings refuse this already
+        raise ValueError("a sentinel:// URL needs TOOLFLEET_SENTINEL_MASTER")
+    return settings.sentinel_master
+
+
+def _sentinel(manager_class: Any, url: str, settings: Settings, kwargs: dict[str, Any]) -> Any:
+    """A Sentinel manager (sync or asyncio ``Sentinel``) for ``url``: the Sentinels with
+    their own password and timeouts; the primary's connections with the URL's database
+    and credentials, the deployment's timeouts, keepalive and health checks, and
+    ``kwargs``."""
+    hosts, options = sentinel_addresses(url)
+    own: dict[str, Any] = {**socket_options(settings)}
+    if settings.sentinel_password:
+        own["password"] = settings.sentinel_password
+    primary = {
+        "socket_keepalive": True,
+        "health_check_interval": settings.socket_timeout,
+        **socket_options(settings),
+        **options,
+        **kwargs,
+    }
+    return manager_class(hosts, sentinel_kwargs=own, **primary)
+
+
+class _SentinelRedis(redis.Redis):
+    """The primary's client; closing it closes its Sentinels' connections too."""
+
+    def close(self) -> None:
+        super().close()
+        pool: Any = self.connection_pool
+        for sentinel in pool.sentinel_manager.sentinels:
+            sentinel.close()
+
+
+class _AsyncSentinelRedis(aioredis.Redis):
+    """The asyncio primary's client; closing it closes its Sentinels' connections too."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        pool: Any = self.connection_pool
+        for sentinel in pool.sentinel_manager.sentinels:
+            await sentinel.aclose()
+
+
+class _BlockingSentinelPool(
+    aioredis.sentinel.SentinelConnectionPool, aioredis.BlockingConnectionPool
+):
+    """The primary's connections, at most ``max_connections``; a caller that finds them
+    all busy waits up to ``timeout`` (``BlockingConnectionPool``'s behaviour)."""

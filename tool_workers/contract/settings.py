@@ -186,6 +186,15 @@ class Settings(BaseSettings):
     backend, and is the result backend when that is not set and the broker is not Redis.
     Needed with a RabbitMQ broker unless ``result_backend`` is set; when both are set they
     must be the same (a call's markers are written with its result, in one round trip)."""
+    sentinel_master: str | None = None
+    """The name Redis Sentinel knows the primary by (``sentinel monitor <name> ...``):
+    needed when a Redis URL is a Sentinel one, ``sentinel://host:26379;sentinel://host2:
+    26379/0`` (Celery's form: each Sentinel, ``;``-separated, the database last; a
+    password in the URL is the primary's). Every client then finds the primary through
+    the Sentinels and follows a failover."""
+    sentinel_password: str | None = Field(default=None, repr=False, exclude=True)
+    """The Sentinels' own password, where they have one (``requirepass`` of the
+    Sentinels; the primary's travels in the URL)."""
     amqp_queue_type: Literal["classic", "quorum"] = "classic"
     """RabbitMQ only: the type of the task queues toolfleet declares. ``quorum`` queues
     are replicated across a RabbitMQ cluster; they have no global QoS and no priorities."""
@@ -421,6 +430,20 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _check_sentinel(self) -> Settings:
+        named = [
+            f"TOOLFLEET_{name.upper()}"
+            for name in ("broker_url", "result_backend", "redis_url")
+            if is_sentinel_url(getattr(self, name) or "")
+        ]
+        if named and not self.sentinel_master:
+            raise ValueError(
+                f"{' and '.join(named)} name Redis Sentinels: set TOOLFLEET_SENTINEL_MASTER "
+                "to the name they know the primary by"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_redis(self) -> Settings:
         if not self.result_backend and not self.redis_url and not is_redis_url(self.broker_url):
             raise ValueError(
@@ -472,16 +495,22 @@ class Settings(BaseSettings):
         return ToolPolicies()
 
 
-REDIS_SCHEMES = {"redis", "rediss", "unix"}
-"""URL schemes of a Redis server."""
+REDIS_SCHEMES = {"redis", "rediss", "unix", "sentinel"}
+"""URL schemes of a Redis server (``sentinel``: the primary the Sentinels name)."""
 
 AMQP_SCHEMES = {"amqp", "amqps", "pyamqp"}
 """URL schemes of an AMQP broker (RabbitMQ)."""
 
 
 def is_redis_url(url: str) -> bool:
-    """Whether ``url`` names a Redis server (``redis://``, ``rediss://``, ``unix://``)."""
+    """Whether ``url`` names a Redis server (``redis://``, ``rediss://``, ``unix://``, or
+    the primary of ``sentinel://`` Sentinels)."""
     return url.partition("://")[0].lower() in REDIS_SCHEMES
+
+
+def is_sentinel_url(url: str) -> bool:
+    """Whether ``url`` names Redis Sentinels (``sentinel://``), not a server."""
+    return url.partition("://")[0].lower() == "sentinel"
 
 
 def is_amqp_url(url: str) -> bool:
