@@ -8,12 +8,14 @@ Redis, in the ledger file of :mod:`tests.ledger_tools`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
+from langgraph_sdk import get_client
 
 from orchestrator import dispatcher_for
 from orchestrator.cli.status import collect
@@ -26,6 +28,7 @@ from tests.support.sentinel import (
     failover_mid_fan_out,
     fleet_on,
 )
+from tests.support.serving import run, start_server
 from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(240)
@@ -77,3 +80,39 @@ def test_a_failover_mid_fan_out_loses_no_call_and_doubles_no_effect(
     sync) promoted, then every call is answered, no non-idempotent call runs twice, the
     run ends within 40 s of the primary's death, and the next run succeeds in full."""
     failover_mid_fan_out(mode, "in_sync", broker, make_settings, start_worker, tmp_path, request)
+
+
+def test_serve_on_sentinels_follows_a_failover_without_a_restart(
+    make_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Given toolfleet serve and its workers on three Sentinels, when a run is waited
+    for, the primary killed and another run waited for, then both runs answer in full
+    through the same server process (its pools find the new primary)."""
+    ledger = tmp_path / "ledger.txt"
+    with SentinelRedis() as topology:
+        settings = fleet_on(topology, make_settings, start_worker, ledger, "redis", request)
+        server = start_server(settings, tmp_path, "serve-sentinel")
+        try:
+
+            async def wait_for(tag: str) -> Any:
+                async with get_client(url=server.url, api_key=server.settings.api_tokens[0]) as c:
+                    thread = await c.threads.create()
+                    text = json.dumps({"calls": [["ledger_touch", {"seconds": 0.1, "tag": tag}]]})
+                    return await c.runs.wait(
+                        thread["thread_id"],
+                        "agent",
+                        input={"messages": [{"role": "user", "content": text}]},
+                    )
+
+            before = run(wait_for("before"))
+            topology.kill_primary()
+            topology.wait_failover()
+            after = run(wait_for("after"))
+        finally:
+            server.stop()
+    assert before["messages"][-1]["content"] == "done: 1 results: touched before"
+    assert after["messages"][-1]["content"] == "done: 1 results: touched after"
+    assert ledger_runs(ledger)["touch"] == {"before": 1, "after": 1}
