@@ -352,3 +352,29 @@ def test_after_a_lapse_a_call_another_attempt_starts_later_is_stopped_here(
     client.set(marker, json.dumps({"n": 2, "f": "another-lease|3"}))
     stop_stale_calls(lease, pool=None)
     assert running.stopped == ["SIGKILL"]
+
+
+def test_after_a_loss_a_copy_running_beside_its_original_here_is_not_stopped_with_it(
+    client: redis.Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a call running here when Redis lost its records (the lease gone with them),
+    and its copy, published again, started on this same worker under the new lease,
+    when the lease's check runs, then only the original execution is stopped: the copy
+    (the attempt the marker names) runs on and answers."""
+    lease = make_lease(client, settings)
+    task = f"call-{time.monotonic_ns()}"
+    lease.tick()  # registered
+    original = Running(task, lease.take("7", task), "7")
+    client.delete(leases_key(settings.key_prefix))  # Redis lost its records
+    lease.tick()  # the lapse is seen; a new lease is taken
+    copy = Running(task, lease.take("8", task), "8")
+    marker = marker_key(settings.key_prefix, task)
+    client.set(
+        marker, json.dumps({"n": 1, "f": holding_token(copy.request_dict[HOLDING_HEADER][0], "8")})
+    )
+    monkeypatch.setattr(worker_state, "active_requests", {original, copy})
+
+    stop_stale_calls(lease, pool=None)
+
+    assert copy.stopped == []
+    assert original.stopped == ["SIGKILL"]

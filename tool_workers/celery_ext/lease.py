@@ -252,7 +252,8 @@ class Lease:
             self._holding.pop(tag, None)
 
     def stale_calls(self) -> list[str]:
-        """Task ids whose execution here must stop (another attempt started them)."""
+        """Holding tokens (:func:`~tool_workers.celery_ext.fence.holding_token`) of the
+        executions here that must stop: another attempt started their calls."""
         with self._lock:
             calls, self._to_stop = self._to_stop, []
             return calls
@@ -346,17 +347,19 @@ class Lease:
         """Whether a lapse was seen lately (the running calls may have reruns elsewhere)."""
         return self._clock() < self._watch_until
 
-    def taken_over(self, tokens: dict[str, str]) -> list[str]:
-        """Of the calls running here (task id -> this execution's holding token), those
-        another attempt has started since (their marker names another holding)."""
-        if not tokens:
+    def taken_over(self, running: dict[str, str]) -> list[str]:
+        """Of the executions running here (holding token -> task id), those whose call
+        another attempt has started since (its marker names another holding): their
+        tokens. Two executions of one call (its copy, published again after Redis lost
+        its records, beside the original) are told apart by their holdings."""
+        if not running:
             return []
-        markers = self.client.mget([marker_key(self.key_prefix, task) for task in tokens])
+        markers = self.client.mget([marker_key(self.key_prefix, t) for t in running.values()])
         taken = []
-        for (task, token), raw in zip(tokens.items(), markers, strict=True):
+        for token, raw in zip(running, markers, strict=True):
             marker = CallMarker.parse(raw)
             if marker is not None and marker.fence and marker.fence != token:
-                taken.append(task)
+                taken.append(token)
         return taken
 
     def _lapsed(self, lease_id: str) -> None:
@@ -375,21 +378,16 @@ class Lease:
             log.warning("this worker's lease lapsed while it was unreachable; renewed")
             return
         tokens = {
-            task: holding_token(held_key(self.key_prefix, lease_id), tag)
+            holding_token(held_key(self.key_prefix, lease_id), tag): task
             for tag, task in lost.items()
         }
-        markers = self.client.mget([marker_key(self.key_prefix, task) for task in tokens])
         # A call no other attempt started yet may still store its result here.
-        stale = []
-        for (task, token), raw in zip(tokens.items(), markers, strict=True):
-            marker = CallMarker.parse(raw)
-            if marker is not None and marker.fence and marker.fence != token:
-                stale.append(task)
+        stale = self.taken_over(tokens)
         log.warning(
             "this worker's lease lapsed while it was unreachable: its %d call(s) were "
-            "requeued (%s); stopping the %d another worker has started",
+            "requeued (%s); stopping the %d another attempt has started",
             len(lost),
-            ", ".join(sorted(tokens)),
+            ", ".join(sorted(tokens.values())),
             len(stale),
         )
         with self._lock:
@@ -438,27 +436,30 @@ def start_lease(settings: Settings, retention: float) -> Lease | None:
 
 
 def stop_stale_calls(lease: Lease, pool: Any) -> None:
-    """Stop the executions here of calls another attempt started (consumer loop timer)."""
+    """Stop the executions here of calls another attempt started (consumer loop timer).
+
+    Each execution is known by the holding it started under, not by its task id: a copy
+    of a call (published again after Redis lost its records) may run here beside the
+    original, and only the one the call's marker no longer names stops.
+    """
     stale = set(lease.stale_calls())
+    running = {}
+    for request in list(worker_state.active_requests):
+        # The consumer's request of the delivery (its headers: Request.request_dict).
+        holding = holding_in(request.request_dict.get(HOLDING_HEADER))
+        if holding is not None:
+            running[holding_token(*holding)] = request
     if lease.watching():
         # After a lapse, what runs here may have been handed on before or after the heal
         # (and kombu may have dropped its local record in the reconnect): each execution
         # is checked by the holding it started under.
-        tokens = {}
-        for request in list(worker_state.active_requests):
-            # The consumer's request of the delivery (its headers: Request.request_dict).
-            holding = holding_in(request.request_dict.get(HOLDING_HEADER))
-            if holding is not None:
-                tokens[request.id] = holding_token(*holding)
         try:
-            stale.update(lease.taken_over(tokens))
+            stale.update(lease.taken_over({t: r.id for t, r in running.items()}))
         except redis.RedisError as exc:
             log.debug("could not check the running calls' markers: %r", exc)
-    if not stale:
-        return
-    for request in list(worker_state.active_requests):
-        if request.id in stale:
-            log.warning("stopping call %s: another worker runs it now", request.id)
+    for token, request in running.items():
+        if token in stale:
+            log.warning("stopping call %s: another attempt of it runs now", request.id)
             request.terminate(pool, signal="SIGKILL")
 
 
