@@ -27,6 +27,7 @@ from tests.faults.test_net_host_loss import default_fleet
 from tests.faults.test_worker_crash import AgentRun
 from tests.support.fleet import wait_started
 from tests.support.net_fleet import NetFleet
+from tool_workers.contract.broker import visibility_timeout
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -34,8 +35,10 @@ RECORDED_WITHIN = 30.0
 """Seconds after the heal by which the late result must be recorded and heard."""
 
 
-def late_result_trial(make_fleet: Callable[..., NetFleet], cut: float) -> None:
-    fleet = default_fleet(make_fleet)
+def late_result_trial(
+    make_fleet: Callable[..., NetFleet], cut: float, fleet: NetFleet | None = None
+) -> None:
+    fleet = fleet or default_fleet(make_fleet)
     first = fleet.start_worker("w1", pool="prefork", concurrency=2)
     second = fleet.start_worker("w2", pool="prefork", concurrency=2)
     heard: list[LateResult] = []
@@ -94,3 +97,16 @@ def test_a_late_result_after_a_60s_partition_is_recorded_with_its_call_id(
 ) -> None:
     """The 60 s partition of the trial above."""
     late_result_trial(net_fleet, cut=60)
+
+
+def test_a_late_result_after_a_partition_past_the_visibility_timeout_is_the_real_one(
+    net_fleet: Callable[..., NetFleet],
+) -> None:
+    """Given the network tests' policy (longest time limit 40 s, redelivery margin 2 s: a
+    42 s visibility timeout), when a non-idempotent call finishes on a worker cut off for
+    55 s, then the worker has kept its result and retried the store past the visibility
+    timeout: after the heal the real result is the call's late result, not "could not
+    deliver the call's result"."""
+    fleet = net_fleet()
+    assert visibility_timeout(fleet.settings.policies(), fleet.settings.redelivery_margin) == 42
+    late_result_trial(net_fleet, cut=55, fleet=fleet)

@@ -45,13 +45,11 @@ def celery_config(settings: Settings, policies: ToolPolicies) -> dict[str, Any]:
     else:
         broker = {"broker_transport_options": _redis_transport(settings, policies)}
     backend_transport: dict[str, Any] = {
-        # A store is retried every second while the link is down, up to the visibility
-        # timeout (past it the call is redelivered anyway): a call that finished during a
-        # cut reports its own result once the link is back.
-        "retry_policy": {
-            "timeout": max(30.0, visibility_timeout(policies, settings.redelivery_margin)),
-            "max_retries": None,
-        },
+        # A store is retried every second while the link is down, for
+        # TOOLFLEET_RESULT_STORE_RETRY: a call that finished during a cut reports its own
+        # result once the link is back (as its answer, or as a late result after the call
+        # was handed on), however long the cut was.
+        "retry_policy": {"timeout": settings.result_store_retry, "max_retries": None},
         "socket_keepalive_options": keepalive,
     }
     if settings.namespace:

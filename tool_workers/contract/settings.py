@@ -218,6 +218,11 @@ class Settings(BaseSettings):
     start."""
     result_expires: int = Field(default=86_400, gt=0)
     """Seconds a tool result is kept, so a restarted orchestrator can still collect it."""
+    result_store_retry: float = Field(default=3_600.0, ge=30)
+    """Seconds a worker keeps a finished call's result it cannot store (Redis unreachable)
+    and retries the store, every second: the result waits in the worker's memory (at most
+    ``max_result_bytes`` per call it was running), so after any cut the worker survives
+    for less than this the real outcome is recorded, as the answer or as a late result."""
     unserved_wait: float = Field(default=10.0, ge=0)
     """Seconds a call waits for a worker serving its tool before it fails with an error."""
     workspace_root: Path = Path("workspace")
