@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import re
+import shlex
+import string
 import tomllib
 from typing import Any
 
 import pytest
 
 from tests.support.compose import (
+    COMPOSE_FILE,
+    ENV_EXAMPLE,
     MissingVariable,
     dockerfile_instructions,
     env_example,
@@ -20,6 +24,7 @@ from tests.support.compose import (
     variables,
 )
 from tests.support.fleet import REPO
+from tool_workers.contract.connections import sentinel_addresses
 from tool_workers.contract.errors import ConfigError
 from tool_workers.contract.placeholders import is_placeholder, refuse_placeholders
 from tool_workers.contract.settings import Settings, ToolPolicies
@@ -31,6 +36,7 @@ SECRETS = {
     "TOOLFLEET_SIGNING_KEY": "5f0c9e7a2b4d6e8f1a3c5e7b9d0f2a4c",
 }
 TOOLFLEET_SERVICES = ("tool-worker", "sandbox-worker", "flower", "orchestrator")
+SENTINELS = ("sentinel-1", "sentinel-2", "sentinel-3")
 NOT_IN_IMAGE = {"dev", "bench", "docs"}
 """Extras for working on toolfleet (tests, benchmarks, the documentation site), not for
 running it."""
@@ -46,6 +52,40 @@ def seconds(duration: str) -> float:
     parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", duration)
     assert parts, duration
     return sum(float(n) * units[unit] for n, unit in parts)
+
+
+def server_config(service: dict[str, Any]) -> list[list[str]]:
+    """The configuration a Redis or Sentinel service started through ``sh -c`` runs with,
+    line by line: the lines its first start writes to its config file, then the options
+    it passes at every start, with the variables of its environment (and ``HOSTNAME``, its
+    hostname) filled in. ``--sentinel`` alone is Sentinel mode, not a line."""
+    kind, flag, script = service["command"]
+    assert (kind, flag) == ("sh", "-c"), service["command"]
+    first, start = (shlex.split(line) for line in script.replace("\\\n", " ").splitlines())
+    written = first[first.index("printf") + 2 : first.index(">")]
+    config_file = first[first.index(">") + 1]
+    # Written only when missing: the server's own rewrites of it survive a restart.
+    assert first[: first.index("printf")] == ["test", "-s", config_file, "||"], first
+    assert first[first.index("printf") + 1] == "%s\\n"
+    assert start[:3] == ["exec", "redis-server", config_file], start
+    options: list[list[str]] = []
+    for word in start[3:]:
+        if word.startswith("--"):
+            options.append([word[2:]])
+        else:
+            options[-1].append(word)
+    env = {**service.get("environment", {}), "HOSTNAME": service.get("hostname", "")}
+    lines = [line.split() for line in written] + [o for o in options if o != ["sentinel"]]
+    return [[string.Template(word).substitute(env) for word in line] for line in lines]
+
+
+def documented_sentinel_env(text: str) -> dict[str, str]:
+    """The .env lines for the sentinel profile a file shows in its comments."""
+    names = ("TOOLFLEET_BROKER_URL", "TOOLFLEET_SENTINEL_MASTER", "TOOLFLEET_SENTINEL_PASSWORD")
+    shown = dict(re.findall(rf"^#\s+({'|'.join(names)})=(\S+)$", text, re.MULTILINE))
+    assert set(shown) == set(names), shown
+    assert shown["TOOLFLEET_BROKER_URL"].startswith("sentinel://")
+    return shown
 
 
 def test_dockerfile_installs_the_project_with_every_runtime_extra() -> None:
@@ -277,6 +317,9 @@ def test_orchestrator_waits_for_healthy_redis_and_workers() -> None:
     assert {name: dep["condition"] for name, dep in depends.items()} == {
         "redis": "service_healthy",
         "rabbitmq": "service_healthy",
+        "sentinel-1": "service_healthy",
+        "sentinel-2": "service_healthy",
+        "sentinel-3": "service_healthy",
         "tool-worker": "service_healthy",
         "sandbox-worker": "service_healthy",
     }
@@ -409,3 +452,116 @@ def test_sandbox_worker_may_make_the_namespaces_of_each_call() -> None:
             if value not in ("", None):
                 patch.setenv(key, str(value))
         assert Settings().sandbox_min_isolation == "namespaces"
+
+
+def test_sentinel_profile_runs_a_replica_of_redis_and_three_sentinels_watching_it() -> None:
+    """Given the sentinel profile, then it runs a replica of the bundled redis (its peer in
+    password, persistence and memory, so that it can take over) and three Sentinels, each
+    with a healthcheck and a volume of its own, that watch redis under one master name
+    with quorum 2, reach it with REDIS_PASSWORD, require it of their own clients and name
+    every server by its service name; redis can follow the replica after a failover."""
+    all_services = services(SECRETS)
+    redis = all_services["redis"]
+    profiled = {name for name, service in all_services.items() if "profiles" in service}
+    sentinel_services = {
+        name for name in profiled if all_services[name]["profiles"] == ["sentinel"]
+    }
+    assert sentinel_services == {"redis-replica", *SENTINELS}
+
+    def option(command: list[str], flag: str) -> str:
+        return command[command.index(flag) + 1]
+
+    replica = all_services["redis-replica"]
+    replica_config = server_config(replica)
+    assert replica["image"] == redis["image"]
+    assert ["replicaof", "redis", "6379"] in replica_config
+    assert ["requirepass", "pw"] in replica_config
+    assert ["masterauth", "pw"] in replica_config
+    assert ["appendonly", "yes"] in replica_config
+    assert ["maxmemory", option(redis["command"], "--maxmemory")] in replica_config
+    assert ["maxmemory-policy", "noeviction"] in replica_config
+    assert ["replica-announce-ip", "redis-replica"] in replica_config
+    assert replica["mem_limit"] == redis["mem_limit"]
+    assert replica["healthcheck"]["test"] == redis["healthcheck"]["test"]
+    # After a failover redis is the replica: it authenticates and announces its name.
+    assert option(redis["command"], "--masterauth") == "pw"
+    assert option(redis["command"], "--replica-announce-ip") == "redis"
+
+    monitors = set()
+    for name in SENTINELS:
+        sentinel = all_services[name]
+        config = server_config(sentinel)
+        (monitor,) = [line[2:] for line in config if line[:2] == ["sentinel", "monitor"]]
+        master = monitor[0]
+        monitors.add(tuple(monitor))
+        assert sentinel["image"] == redis["image"]
+        assert "redis-cli -p 26379 ping" in " ".join(sentinel["healthcheck"]["test"])
+        assert ["sentinel", "auth-pass", master, "pw"] in config
+        assert ["requirepass", "pw"] in config
+        assert ["sentinel", "resolve-hostnames", "yes"] in config
+        assert ["sentinel", "announce-hostnames", "yes"] in config
+        assert ["sentinel", "announce-ip", name] in config
+        assert sentinel["volumes"] == [f"{name}-data:/data"]
+        assert sentinel["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert monitors == {("toolfleet", "redis", "6379", "2")}
+    data = [all_services[name]["volumes"] for name in ("redis", "redis-replica", *SENTINELS)]
+    assert all(volumes[0].endswith(":/data") for volumes in data)
+    assert len({volumes[0] for volumes in data}) == len(data)  # a volume of its own each
+
+
+def test_sentinel_profile_leaves_the_default_deployment_as_it_was() -> None:
+    """Given `docker compose up` without a profile, then it starts the bundled redis and
+    toolfleet's services only, no replica or Sentinel, and the fleet uses redis directly;
+    toolfleet's services wait for the Sentinels only when the profile runs them."""
+    all_services = services(SECRETS)
+    default = {name for name, service in all_services.items() if "profiles" not in service}
+
+    assert default == {"redis", *TOOLFLEET_SERVICES}
+    assert "--replicaof" not in all_services["redis"]["command"]
+    for name in TOOLFLEET_SERVICES:
+        service = all_services[name]
+        for sentinel in SENTINELS:
+            assert service["depends_on"][sentinel] == {
+                "condition": "service_healthy",
+                "required": False,
+            }, name
+        environment = service["environment"]
+        assert environment["TOOLFLEET_BROKER_URL"] == "redis://:pw@redis:6379/0", name
+        assert environment["TOOLFLEET_SENTINEL_MASTER"] == "", name
+
+
+def test_sentinel_url_the_files_document_parses_as_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given the .env lines docker-compose.yml and config/.env.example show for the
+    sentinel profile, then they agree, the URL names the profile's three Sentinels with
+    the primary's password, the master is the one the Sentinels watch, and every toolfleet
+    service parses them as Settings whose results and records go through the Sentinels."""
+    documented = documented_sentinel_env(COMPOSE_FILE.read_text())
+    assert documented_sentinel_env(ENV_EXAMPLE.read_text()) == documented
+    # Compose fills in ${REDIS_PASSWORD} in .env as it does in the compose file.
+    env = {**env_example(), **SECRETS}
+    env.update({key: interpolate(value, env) for key, value in documented.items()})
+    url = env["TOOLFLEET_BROKER_URL"]
+    all_services = services(env)
+    (monitor,) = {
+        tuple(line[2:])
+        for name in SENTINELS
+        for line in server_config(all_services[name])
+        if line[:2] == ["sentinel", "monitor"]
+    }
+
+    settings = Settings(broker_url=url, sentinel_master="toolfleet")
+    assert settings.backend_url == url
+    assert env["TOOLFLEET_SENTINEL_MASTER"] == monitor[0] == "toolfleet"
+    hosts, primary = sentinel_addresses(url)
+    assert hosts == [(name, 26379) for name in SENTINELS]
+    assert primary == {"password": "pw", "db": 0}
+    for name in TOOLFLEET_SERVICES:
+        with monkeypatch.context() as patch:
+            for key, value in all_services[name]["environment"].items():
+                patch.setenv(key, str(value))
+            from_env = Settings()
+        assert from_env.broker_url == from_env.own_redis_url == url, name
+        assert from_env.sentinel_master == "toolfleet", name
+        assert from_env.sentinel_password == "pw", name
