@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from flower.utils.broker import Broker
 from langgraph_sdk import get_client
 
 from orchestrator import dispatcher_for
@@ -29,6 +30,7 @@ from tests.support.sentinel import (
     fleet_on,
 )
 from tests.support.serving import run, start_server
+from tool_workers.contract.broker import create_app
 from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(240)
@@ -64,6 +66,32 @@ def test_a_fleet_on_sentinels_serves_its_calls(
             f"tf-sentinel-{w}-{suffix}" for w in "ab"
         ]
         assert all(w.active == 0 for w in status.workers)
+        if broker == "redis":
+            # Flower's broker view (its queue lengths) reads them through the Sentinels.
+            app = create_app(settings)
+            try:
+                with app.connection() as connection:
+                    uri = connection.as_uri(include_password=True)
+                flower_broker = Broker(
+                    uri,
+                    http_api=None,
+                    broker_options=app.conf.broker_transport_options,
+                    broker_use_ssl=app.conf.broker_use_ssl,
+                )
+
+                async def queues() -> Any:
+                    try:
+                        return await flower_broker.queues(["tools"])
+                    finally:  # its clients, the primary's and the Sentinels'
+                        await flower_broker.redis.aclose()
+                        for (
+                            sentinel
+                        ) in flower_broker.redis.connection_pool.sentinel_manager.sentinels:
+                            await sentinel.aclose()
+
+                assert run(queues()) == [{"name": "tools", "messages": 0}]
+            finally:
+                app.close()
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
