@@ -52,3 +52,24 @@ def test_given_a_sentinel_url_when_logged_then_every_password_in_it_is_masked() 
     from tool_workers.contract.masking import mask_secrets
 
     assert "s3cret" not in mask_secrets(URL)
+
+
+def test_given_sentinel_tls_then_the_sentinels_and_the_primary_are_reached_over_tls() -> None:
+    from redis.sentinel import SentinelManagedSSLConnection
+
+    from tool_workers.contract.connections import redis_client
+
+    settings = Settings(
+        broker_url=URL, sentinel_master="m", sentinel_tls=True, redis_ssl_cert_reqs="none"
+    )
+    client = redis_client(URL, settings)
+    try:
+        pool = client.connection_pool
+        assert pool.connection_class is SentinelManagedSSLConnection
+        sentinel = pool.sentinel_manager.sentinels[0].connection_pool
+        assert sentinel.connection_class.__name__ == "SSLConnection"
+    finally:
+        client.close()
+    config = celery_config(settings, ToolPolicies())
+    assert config["broker_use_ssl"] == config["redis_backend_use_ssl"]
+    assert config["broker_transport_options"]["sentinel_kwargs"]["ssl"] is True

@@ -11,7 +11,7 @@ from typing import Any
 from celery import Celery
 
 from tool_workers.contract.amqp import AMQP_CLASS, amqp_config
-from tool_workers.contract.connections import celery_tls_config, keepalive_options
+from tool_workers.contract.connections import celery_tls_config, keepalive_options, ssl_options
 from tool_workers.contract.names import task_name
 from tool_workers.contract.settings import Settings, ToolPolicies, is_sentinel_url
 
@@ -151,6 +151,8 @@ def sentinel_options(settings: Settings) -> dict[str, Any]:
         "socket_timeout": settings.socket_timeout,
         "socket_connect_timeout": settings.socket_timeout,
     }
+    if settings.sentinel_tls:
+        own.update(ssl=True, **ssl_options(settings))
     if settings.sentinel_password:
         own["password"] = settings.sentinel_password
     return {"master_name": settings.sentinel_master, "sentinel_kwargs": own}

@@ -52,8 +52,11 @@ __all__ = [
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 
 
-def uses_tls(url: str) -> bool:
-    """Whether ``url`` is a TLS Redis URL (``rediss://``)."""
+def uses_tls(url: str, settings: Settings | None = None) -> bool:
+    """Whether ``url`` is a TLS Redis URL: ``rediss://``, or ``sentinel://`` with
+    ``settings.sentinel_tls``."""
+    if is_sentinel_url(url):
+        return settings is not None and settings.sentinel_tls
     return urlsplit(url).scheme == "rediss"
 
 
@@ -76,9 +79,9 @@ def celery_tls_config(settings: Settings) -> dict[str, Any]:
     ``ssl_cert_reqs``; with them every connection verifies the same way.
     """
     config: dict[str, Any] = {}
-    if uses_tls(settings.broker_url):
+    if uses_tls(settings.broker_url, settings):
         config["broker_use_ssl"] = ssl_options(settings)
-    if uses_tls(settings.backend_url):
+    if uses_tls(settings.backend_url, settings):
         config["redis_backend_use_ssl"] = ssl_options(settings)
     return config
 
@@ -233,13 +236,15 @@ def _sentinel(manager_class: Any, url: str, settings: Settings, kwargs: dict[str
     and credentials, the deployment's timeouts, keepalive and health checks, and
     ``kwargs``."""
     hosts, options = sentinel_addresses(url)
-    own: dict[str, Any] = {**socket_options(settings)}
+    tls = {"ssl": True, **ssl_options(settings)} if settings.sentinel_tls else {}
+    own: dict[str, Any] = {**socket_options(settings), **tls}
     if settings.sentinel_password:
         own["password"] = settings.sentinel_password
     primary = {
         "socket_keepalive": True,
         "health_check_interval": settings.socket_timeout,
         **socket_options(settings),
+        **tls,
         **options,
         **kwargs,
     }

@@ -195,6 +195,9 @@ class Settings(BaseSettings):
     sentinel_password: str | None = Field(default=None, repr=False, exclude=True)
     """The Sentinels' own password, where they have one (``requirepass`` of the
     Sentinels; the primary's travels in the URL)."""
+    sentinel_tls: bool = False
+    """The Sentinels and the primary they name speak TLS (``sentinel://`` URLs have no TLS
+    scheme of their own); verified with the ``redis_ssl_*`` settings, as ``rediss://``."""
     amqp_queue_type: Literal["classic", "quorum"] = "classic"
     """RabbitMQ only: the type of the task queues toolfleet declares. ``quorum`` queues
     are replicated across a RabbitMQ cluster; they have no global QoS and no priorities."""
