@@ -40,7 +40,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,6 +178,10 @@ end
 return 1
 """
 )
+
+
+Pushes = Generator[tuple[list[PreparedCall], list[str], list[Any]], Any, dict[str, Outcome]]
+"""What :meth:`Publisher._pushes` is: push scripts to run, their replies sent back."""
 
 
 @dataclass(eq=False)
@@ -331,15 +335,32 @@ class Publisher:
     def _publish_now(self, calls: Sequence[PreparedCall]) -> dict[str, Outcome]:
         if self._broker is not None:
             return self._publish_amqp(calls)
+        pushes, replies = self._pushes(calls), None
+        try:
+            while True:
+                group, keys, args = pushes.send(replies)
+                push = functools.partial(self._push, keys=keys, args=args)
+                replies = _retrying(push, _gives_up_at(group), self.link)
+        except StopIteration as done:
+            outcomes: dict[str, Outcome] = done.value
+            return outcomes
+        finally:
+            pushes.close()  # a failed push leaves its group's trace context here
+
+    def _pushes(self, calls: Sequence[PreparedCall]) -> Pushes:
+        """The push scripts publishing ``calls`` on Redis, one group at a time: yields
+        each group with the script's keys and arguments, is sent the script's replies,
+        and returns every call's outcome. The one flow of the sync and async publishers
+        (each runs the scripts its own way, retried within the group's window).
+
+        A group whose messages are signalled (an instrumented process) is pushed with its
+        call's trace context attached, and Celery's ``after_task_publish`` is sent for it.
+        """
         outcomes: dict[str, Outcome] = {}
         for group, signalled in self._groups(calls):
             with publishing(group[0].trace if signalled else None):
                 keys, args, messages = self._push_args(group, signalled)
-                replies = _retrying(
-                    functools.partial(self._push, keys=keys, args=args),
-                    _gives_up_at(group),
-                    self.link,
-                )
+                replies = yield group, keys, args
                 if signalled:
                     after_publish(messages[0], self._queue(group[0]))
             outcomes.update(_outcomes(group, replies))
@@ -428,19 +449,17 @@ class Publisher:
 
     async def _push_on_loop(self, calls: Sequence[PreparedCall]) -> dict[str, Outcome]:
         client = await self._loop_clients.get()
-        outcomes: dict[str, Outcome] = {}
-        for group, signalled in self._groups(calls):
-            with publishing(group[0].trace if signalled else None):
-                keys, args, messages = self._push_args(group, signalled)
-                replies = await _retrying_async(
-                    functools.partial(_script_async, client, self._push, keys, args),
-                    _gives_up_at(group),
-                    self.link,
-                )
-                if signalled:
-                    after_publish(messages[0], self._queue(group[0]))
-            outcomes.update(_outcomes(group, replies))
-        return outcomes
+        pushes, replies = self._pushes(calls), None
+        try:
+            while True:
+                group, keys, args = pushes.send(replies)
+                push = functools.partial(_script_async, client, self._push, keys, args)
+                replies = await _retrying_async(push, _gives_up_at(group), self.link)
+        except StopIteration as done:
+            outcomes: dict[str, Outcome] = done.value
+            return outcomes
+        finally:
+            pushes.close()  # a failed push leaves its group's trace context here
 
     # -- building ----------------------------------------------------------------------
 
