@@ -234,7 +234,10 @@ class CeleryToolMiddleware(AgentMiddleware):
                 raise _deadline_error(call, before=True)
             try:
                 if gate is None and call.trace is None:
-                    self._publish_ahead(request, site)
+                    try:
+                        self._publish_ahead(request, site)
+                    except Exception:  # publishing ahead only saves time: this call goes on
+                        log.warning("could not publish a fan-out's calls ahead", exc_info=True)
                 else:
                     self._note_pool(site)
                 seen.publishing()

@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -38,19 +38,6 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("TOOLFLEET_"):
             monkeypatch.delenv(name)
-
-
-@pytest.fixture
-def dispatchers() -> Iterator[Callable[..., InProcessDispatcher]]:
-    made: list[InProcessDispatcher] = []
-
-    def make(tools: Sequence[BaseTool], **kwargs: Any) -> InProcessDispatcher:
-        made.append(InProcessDispatcher(tools, **kwargs))
-        return made[-1]
-
-    yield make
-    for dispatcher in made:
-        dispatcher.close()
 
 
 def rendezvous_tool(width: int) -> BaseTool:

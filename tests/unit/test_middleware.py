@@ -11,7 +11,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypedDict
 
 import pytest
@@ -81,20 +81,6 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("TOOLFLEET_"):
             monkeypatch.delenv(name)
-
-
-@pytest.fixture
-def dispatchers() -> Iterator[Callable[[Sequence[BaseTool]], InProcessDispatcher]]:
-    """Make in-process dispatchers; all are shut down after the test."""
-    made: list[InProcessDispatcher] = []
-
-    def make(tools: Sequence[BaseTool]) -> InProcessDispatcher:
-        made.append(InProcessDispatcher(tools))
-        return made[-1]
-
-    yield make
-    for dispatcher in made:
-        dispatcher.close()
 
 
 @pytest.fixture
