@@ -243,3 +243,33 @@ def test_given_mcp_support_that_does_not_import_when_loaded_then_one_clear_line(
     message = str(caught.value)
     assert "TOOLFLEET_MCP_SERVERS" in message and "halted; None in sys.modules" in message
     assert "\n" not in message
+
+
+def test_given_a_loaded_tool_then_its_run_methods_hints_are_evaluated_once_and_unchanged() -> None:
+    """BaseTool.run reads the type hints of the tool class's ``_run`` on every call;
+    LangChain writes them as text. Loading a tool evaluates them once: the same hints,
+    no text left to evaluate again."""
+    import typing
+
+    from langchain_core.tools import StructuredTool, tool
+
+    from tool_workers.runtime.loader import resolve_annotations
+
+    @tool
+    def echo(text: str) -> str:
+        """Echo."""
+        return text
+
+    hints = typing.get_type_hints(StructuredTool._run)
+
+    resolve_annotations(echo)
+
+    annotations = StructuredTool._run.__annotations__
+    assert not any(isinstance(value, str) for value in annotations.values()), annotations
+    assert typing.get_type_hints(StructuredTool._run) == hints
+    assert (
+        echo.invoke(
+            {"type": "tool_call", "name": "echo", "args": {"text": "hi"}, "id": "c"}
+        ).content
+        == "hi"
+    )

@@ -82,11 +82,22 @@ def tool_sources(tools: Iterable[BaseTool], settings: Settings) -> dict[str, str
 
 def resolve_annotations(tool: BaseTool) -> None:
     """Evaluate the string annotations of ``tool``'s functions once (each stays as it was
-    when one of its annotations cannot be evaluated)."""
-    for name in ("func", "coroutine"):
-        fn = getattr(tool, name, None)
+    when one of its annotations cannot be evaluated).
+
+    Its own functions, and its class's ``_run`` and ``_arun``: ``BaseTool.run`` reads the
+    type hints of ``_run`` on every call (to find a ``RunnableConfig`` parameter), and
+    LangChain's own tool classes write them as text (postponed annotations), so each call
+    would evaluate them again (about 30 µs of a worker's CPU per call). The hints are the
+    same either way.
+    """
+    for fn in (
+        getattr(tool, "func", None),
+        getattr(tool, "coroutine", None),
+        getattr(type(tool), "_run", None),
+        getattr(type(tool), "_arun", None),
+    ):
         annotations = getattr(fn, "__annotations__", None)
-        if not callable(fn) or not annotations:
+        if not inspect.isfunction(fn) or not annotations:
             continue
         if not any(isinstance(a, str) for a in annotations.values()):
             continue
