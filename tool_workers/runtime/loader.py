@@ -23,6 +23,7 @@ from typing import Any
 
 from langchain_core.tools import BaseTool
 
+from tool_workers.compat.langchain_core import run_methods
 from tool_workers.contract.errors import ToolLoadError
 from tool_workers.contract.settings import Settings
 from tool_workers.contract.toolnames import MODULE, mcp_source
@@ -90,12 +91,7 @@ def resolve_annotations(tool: BaseTool) -> None:
     would evaluate them again (about 30 µs of a worker's CPU per call). The hints are the
     same either way.
     """
-    for fn in (
-        getattr(tool, "func", None),
-        getattr(tool, "coroutine", None),
-        getattr(type(tool), "_run", None),
-        getattr(type(tool), "_arun", None),
-    ):
+    for fn in (getattr(tool, "func", None), getattr(tool, "coroutine", None), *run_methods(tool)):
         annotations = getattr(fn, "__annotations__", None)
         if not inspect.isfunction(fn) or not annotations:
             continue
