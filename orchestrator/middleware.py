@@ -233,13 +233,6 @@ class CeleryToolMiddleware(AgentMiddleware):
             if gate is not None and not gate.acquire_sync(tenant, site.remaining()):
                 raise _deadline_error(call, before=True)
             try:
-                if gate is None and call.trace is None:
-                    try:
-                        self._publish_ahead(request, site)
-                    except Exception:  # publishing ahead only saves time: this call goes on
-                        log.warning("could not publish a fan-out's calls ahead", exc_info=True)
-                else:
-                    self._note_pool(site)
                 seen.publishing()
                 early = ticket.early
                 if (
@@ -248,6 +241,15 @@ class CeleryToolMiddleware(AgentMiddleware):
                     or not self._ahead.attach(ticket, seen.on_state)
                 ):
                     dispatcher.submit([call], seen.on_state)
+                # After its own call is out: a broker that cannot be reached fails this
+                # call within its own publication window, as without siblings ahead.
+                if gate is None and call.trace is None:
+                    try:
+                        self._publish_ahead(request, site)
+                    except Exception:  # publishing ahead only saves time: this call goes on
+                        log.warning("could not publish a fan-out's calls ahead", exc_info=True)
+                else:
+                    self._note_pool(site)
                 seen.dispatched()
                 result = dispatcher.wait(call)
             except ResultTimeout as exc:
