@@ -180,7 +180,8 @@ def store(
     ``fence`` is the call's marker key."""
     key = f"store-test:{task}"
     token = holding_token(held, tag) if held else ""
-    return int(client.eval(_STORE, 3, key, fence, held, value, 60, "store-test", token, tag))
+    keys = [key, fence, held, "", "", ""]
+    return int(client.eval(_STORE, 6, *keys, value, 60, "store-test", token, tag)[0])
 
 
 def test_only_the_attempt_that_started_last_stores_a_result(

@@ -177,8 +177,9 @@ def _worker_exchanges_per_call(
     redis_url: str,
     events: bool,
     calls: int = 10,
+    pool: str = "prefork",
 ) -> dict[str, float]:
-    """Exchanges a prefork worker (as compose runs it, with or without ``-E``) has with
+    """Exchanges a worker (prefork, as compose runs it, with or without ``-E``) has with
     Redis per call, by command, less what it sends idle over as long (lease, registry,
     heartbeats, kombu's scans)."""
     target = urlsplit(redis_url)
@@ -187,7 +188,7 @@ def _worker_exchanges_per_call(
     with DelayProxy(host, port, 0.0) as link:
         start_worker(
             settings.model_copy(update={"broker_url": proxied(redis_url, link.port)}),
-            pool="prefork",
+            pool=pool,
             concurrency=2,
             queues=("tools",),
             events=events,
@@ -234,3 +235,23 @@ def test_task_events_cost_the_worker_these_round_trips_per_call(
     }
     assert not extra, extra
     assert 0 < with_events.get("PUBLISH", 0) < 1, with_events
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_a_result_is_stored_and_its_delivery_acknowledged_in_one_round_trip(
+    make_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    redis_url: str,
+    pool: str,
+) -> None:
+    """Given a worker with a lease, when calls run one after another, then each call
+    costs the worker three exchanges beyond the BRPOP that delivers it: its record as
+    held (one pipeline), its start script and its result's store, which acknowledges the
+    delivery too (no exchange of its own for the acknowledgement)."""
+    per_call = _worker_exchanges_per_call(
+        make_settings, start_worker, redis_url, events=False, pool=pool
+    )
+    print(f"\n[worker exchanges per call, {pool}] {per_call}")
+    assert per_call.get("EVALSHA", 0) <= 2.2, per_call
+    beyond = sum(v for k, v in per_call.items() if k != "BRPOP")
+    assert beyond <= 3.3, per_call

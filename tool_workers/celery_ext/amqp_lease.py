@@ -41,7 +41,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import threading
 import uuid
 from typing import Any
 
@@ -202,8 +201,6 @@ class AmqpLease(Lease):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._released: list[tuple[str, str]] = []
-        self._released_lock = threading.Lock()
         self._connection: Any = None
         self._amqp_sweep = self.client.register_script(_SWEEP)
         self._done = self.client.register_script(_DONE)
@@ -234,32 +231,9 @@ class AmqpLease(Lease):
             return
         headers[HOLDING_HEADER] = [held, tag]
 
-    def release(self, holding: Any) -> None:
-        """The delivery was acknowledged or rejected: its record goes (at the next
-        renewal; a call swept meanwhile finds its stored result)."""
-        if holding is None:
-            return
-        held, tag = holding
-        with self._lock:
-            self._holding.pop(tag, None)
-        with self._released_lock:
-            self._released.append((held, tag))
-
-    def released(self) -> None:
-        """Remove the records of the deliveries released since the last renewal."""
-        with self._released_lock:
-            done, self._released = self._released, []
-        if not done:
-            return
-        try:
-            with self.client.pipeline(transaction=False) as pipe:
-                for held, tag in done:
-                    pipe.hdel(held, tag)
-                pipe.execute()
-        except redis.RedisError:
-            with self._released_lock:
-                self._released[:0] = done
-            raise
+    def unacked_keys(self) -> tuple[str, str] | None:
+        """None: RabbitMQ keeps the unacknowledged deliveries."""
+        return None
 
     # --- the sweep ---------------------------------------------------------------------
     def sweep(self) -> list[str]:

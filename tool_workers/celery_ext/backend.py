@@ -18,6 +18,11 @@ transaction):
   or the FAILURE of a call's error result, :mod:`tool_workers.contract.failed`), checked
   and written atomically. A call redelivered after its result was stored cannot
   replace that result.
+* **The acknowledgement with the outcome.** On a Redis broker with a worker lease, the
+  script that stores a call's outcome also acknowledges its delivery (fenced as the
+  lease's own acknowledgement: only a delivery the worker still holds), and the
+  consumer's acknowledgement then makes no round trip of its own
+  (:func:`tool_workers.celery_ext.lease.acknowledged_by_store`).
 * **Published once**, on the *reply channel* of the orchestrator that sent the call
   (the message's ``reply_to``, when it is a toolfleet reply channel), or else on the
   task's own channel as Celery does. An orchestrator subscribes to its reply channel
@@ -35,6 +40,7 @@ from celery import states
 from celery.backends.redis import RedisBackend, SentinelBackend
 from kombu.utils.encoding import bytes_to_str
 
+from tool_workers.celery_ext import lease as leases
 from tool_workers.celery_ext.fence import holding_of, holding_token
 from tool_workers.contract import failed
 from tool_workers.contract.marker import LUA_READ, marker_key
@@ -49,52 +55,66 @@ _bytes_to_str: Callable[[str | bytes], str] = bytes_to_str  # kombu leaves it un
 _STORE = (
     LUA_READ
     + """
--- KEYS: the result key, the call's marker, the held hash (or ''), the late-result key.
+-- KEYS: the result key, the call's marker, the held hash (or ''), the late-result key,
+-- kombu's unacked hash and index (or '': the delivery is not acknowledged here).
 -- ARGV: the state (JSON), its lifetime (s, 0: none), the channel to publish it on,
 -- the holding token (or ''), the delivery tag, the module of a call's failure, the
 -- opening of a late record ('' for a state that is not the call's outcome).
--- Returns 1 stored, 0 an answer was there (unfenced), -1 not this attempt's to store,
--- -2 a result not this attempt's to store, kept as the call's late result.
-if ARGV[4] ~= '' then
-    local marker = read_marker(KEYS[2])
-    local fence = marker and marker['f']
-    -- Not the attempt that started last; or, before any start, a delivery handed on.
-    if fence ~= ARGV[4] and (fence or redis.call('HEXISTS', KEYS[3], ARGV[5]) == 0) then
-        if not ARGV[7] or ARGV[7] == '' then
-            return -1
+-- Returns {1 stored, 0 an answer was there (unfenced), -1 not this attempt's to store,
+-- -2 a result not this attempt's to store, kept as the call's late result; 1 when the
+-- delivery was acknowledged (it was still held: removed from kombu's unacked records)}.
+local function store()
+    if ARGV[4] ~= '' then
+        local marker = read_marker(KEYS[2])
+        local fence = marker and marker['f']
+        -- Not the attempt that started last; or, before any start, a delivery handed on.
+        if fence ~= ARGV[4] and (fence or redis.call('HEXISTS', KEYS[3], ARGV[5]) == 0) then
+            if not ARGV[7] or ARGV[7] == '' then
+                return -1
+            end
+            -- The first late result of the call is the one kept.
+            local late = ARGV[7] .. ARGV[1] .. '}'
+            local kept
+            if tonumber(ARGV[2]) > 0 then
+                kept = redis.call('SET', KEYS[4], late, 'NX', 'EX', ARGV[2])
+            else
+                kept = redis.call('SET', KEYS[4], late, 'NX')
+            end
+            if not kept then
+                return -1
+            end
+            redis.call('PUBLISH', ARGV[3], late)
+            return -2
         end
-        -- The first late result of the call is the one kept.
-        local late = ARGV[7] .. ARGV[1] .. '}'
-        local kept
-        if tonumber(ARGV[2]) > 0 then
-            kept = redis.call('SET', KEYS[4], late, 'NX', 'EX', ARGV[2])
-        else
-            kept = redis.call('SET', KEYS[4], late, 'NX')
+    else
+        local current = redis.call('GET', KEYS[1])
+        if current then
+            local ok, meta = pcall(cjson.decode, current)
+            if ok and type(meta) == 'table' and (meta['status'] == 'SUCCESS' or (
+                meta['status'] == 'FAILURE' and type(meta['result']) == 'table'
+                and meta['result']['exc_module'] == ARGV[6])) then
+                return 0
+            end
         end
-        if not kept then
-            return -1
-        end
-        redis.call('PUBLISH', ARGV[3], late)
-        return -2
     end
-else
-    local current = redis.call('GET', KEYS[1])
-    if current then
-        local ok, meta = pcall(cjson.decode, current)
-        if ok and type(meta) == 'table' and (meta['status'] == 'SUCCESS' or (
-            meta['status'] == 'FAILURE' and type(meta['result']) == 'table'
-            and meta['result']['exc_module'] == ARGV[6])) then
-            return 0
-        end
+    if tonumber(ARGV[2]) > 0 then
+        redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+    else
+        redis.call('SET', KEYS[1], ARGV[1])
     end
+    redis.call('PUBLISH', ARGV[3], ARGV[1])
+    return 1
 end
-if tonumber(ARGV[2]) > 0 then
-    redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-else
-    redis.call('SET', KEYS[1], ARGV[1])
+local stored = store()
+-- The fenced acknowledgement (tool_workers.celery_ext.lease): only a delivery this
+-- worker still holds; its held record stays until the lease's next renewal.
+local acked = 0
+if (KEYS[5] or '') ~= '' and KEYS[3] ~= '' and redis.call('HEXISTS', KEYS[3], ARGV[5]) == 1 then
+    redis.call('HDEL', KEYS[5], ARGV[5])
+    redis.call('ZREM', KEYS[6], ARGV[5])
+    acked = 1
 end
-redis.call('PUBLISH', ARGV[3], ARGV[1])
-return 1
+return {stored, acked}
 """
 )
 
@@ -171,7 +191,11 @@ class ToolfleetRedisBackend(RedisBackend):  # type: ignore[misc]
         # not one: it is this attempt being stopped, not what the call did.
         outcome = state in (states.SUCCESS, states.FAILURE)
         opening = f'{{"{LATE_FIELD}":{time.time():.3f},"meta":' if outcome else ""
-        keys = [key, marker_key(self._key_prefix, task_id), held, late]
+        # The call's outcome acknowledges its delivery in the same round trip (Redis
+        # broker, with a lease): the consumer's acknowledgement then has none of its own.
+        lease = leases.current() if holding is not None and outcome else None
+        unacked = lease.unacked_keys() if lease is not None else None
+        keys = [key, marker_key(self._key_prefix, task_id), held, late, *(unacked or ("", ""))]
         args = [value, int(expires or 0), channel, token, tag, failed.__name__, opening]
         self.ensure(self._run_store, (task_id, keys, args, state, request))
         return encoded
@@ -179,7 +203,9 @@ class ToolfleetRedisBackend(RedisBackend):  # type: ignore[misc]
     def _run_store(
         self, task_id: str, keys: list[str], args: list[Any], state: str, request: Any
     ) -> Any:
-        stored = self._script()(keys=keys, args=args)
+        stored, acked = self._script()(keys=keys, args=args)
+        if acked:
+            leases.acknowledged_by_store(str(args[4]))
         if stored == -1:
             log.warning(
                 "did not store a state of call %s: the call was handed on to another "

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import threading
 import time
 import uuid
@@ -177,6 +178,8 @@ class Lease:
         # delivery tag -> (lease id it was taken under, task id)
         self._holding: dict[str, tuple[str, str]] = {}
         self._to_stop: list[str] = []
+        # (held key, delivery tag) released without a round trip: removed at the next tick
+        self._released: list[tuple[str, str]] = []
         # Until then (monotonic), the executions here are checked against their calls'
         # markers each tick: set when a lapse is seen, for the visibility timeout, so a
         # rerun that starts after the heal still stops the stale execution here.
@@ -198,11 +201,37 @@ class Lease:
         transport's QoS does it, in the round trip kombu records the delivery in)."""
 
     def release(self, holding: Any) -> None:
-        """The delivery of ``holding`` was acknowledged or rejected (on Redis the QoS's
-        fenced acknowledgement does it)."""
+        """The delivery of ``holding`` was acknowledged or rejected without removing its
+        record here (RabbitMQ; on Redis, by its result's store): the record goes now in
+        this process, and from Redis at the next renewal (a call swept meanwhile finds
+        its stored result, or is no longer unacknowledged and is left alone)."""
+        if holding is None:
+            return
+        held, tag = holding
+        with self._lock:
+            if self._holding.pop(tag, None) is not None:
+                self._released.append((held, tag))
 
     def released(self) -> None:
         """Remove the records of the deliveries released since the last renewal."""
+        with self._lock:
+            done, self._released = self._released, []
+        if not done:
+            return
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for held, tag in done:
+                    pipe.hdel(held, tag)
+                pipe.execute()
+        except redis.RedisError:
+            with self._lock:
+                self._released[:0] = done
+            raise
+
+    def unacked_keys(self) -> tuple[str, str] | None:
+        """The full keys of kombu's ``unacked`` hash and ``unacked_index`` sorted set,
+        where this worker's deliveries are recorded (None on RabbitMQ)."""
+        return f"{self.broker_prefix}unacked", f"{self.broker_prefix}unacked_index"
 
     # --- the transport's side (kombu's QoS, in the consumer loop) ------------------
     def take(self, tag: str, task_id: str) -> str:
@@ -317,11 +346,7 @@ class Lease:
     def sweep(self) -> list[str]:
         """Hand on the calls of every lapsed lease (one batch); the task ids handed on."""
         moved = self._sweep(
-            keys=[
-                leases_key(self.key_prefix),
-                f"{self.broker_prefix}unacked",
-                f"{self.broker_prefix}unacked_index",
-            ],
+            keys=[leases_key(self.key_prefix), *(self.unacked_keys() or ())],
             args=[self.key_prefix, max(1, round(self.retention)), SWEEP_BATCH],
         )
         calls = [m.decode() if isinstance(m, bytes) else str(m) for m in moved or []]
@@ -461,6 +486,47 @@ def stop_stale_calls(lease: Lease, pool: Any) -> None:
         if token in stale:
             log.warning("stopping call %s: another attempt of it runs now", request.id)
             request.terminate(pool, signal="SIGKILL")
+
+
+_STORED_ACK_SLOTS = 4096
+_stored_acks: Any = None
+"""Digests of the deliveries whose result's store acknowledged them
+(:mod:`tool_workers.celery_ext.backend`), one slot per digest: shared memory, so the
+consumer in the main process sees what a pool process's store did."""
+
+
+def share_acknowledgements() -> None:
+    """Create the table of deliveries acknowledged by their result's store, in the
+    worker's main process before the pool forks (its processes inherit it)."""
+    global _stored_acks
+    if _stored_acks is None:
+        _stored_acks = multiprocessing.RawArray("q", _STORED_ACK_SLOTS)
+
+
+def _digest(tag: str) -> int:
+    # The hash seed is inherited across fork: one digest in every process of a worker.
+    return (hash(tag) & 0x7FFF_FFFF_FFFF_FFFF) or 1
+
+
+def acknowledged_by_store(tag: str) -> None:
+    """Note that the script that stored a call's outcome acknowledged delivery ``tag``."""
+    share_acknowledgements()  # a worker without a pool, or a test: this process's own
+    digest = _digest(tag)
+    _stored_acks[digest % _STORED_ACK_SLOTS] = digest
+
+
+def taken_by_store(tag: str) -> bool:
+    """Whether delivery ``tag`` was acknowledged by its result's store (the note is
+    taken). False when the note was overwritten by another delivery's in its slot: the
+    consumer's own fenced acknowledgement then runs, and finds the delivery done."""
+    if _stored_acks is None:
+        return False
+    digest = _digest(tag)
+    slot = digest % _STORED_ACK_SLOTS
+    if _stored_acks[slot] != digest:
+        return False
+    _stored_acks[slot] = 0
+    return True
 
 
 _current: Lease | None = None

@@ -11,7 +11,9 @@ polling: there is no task id to answer, and nothing to give back.
 Its QoS records each delivery in the worker's lease (:mod:`tool_workers.celery_ext.lease`)
 in the same round trip where kombu records it as unacknowledged, and leaves alone, when
 it is acknowledged, rejected or restored, a delivery the lease says was handed on to
-another worker: under the same delivery tag, that message is now the other worker's.
+another worker: under the same delivery tag, that message is now the other worker's. A
+delivery the store of its result acknowledged already (:mod:`tool_workers.celery_ext.backend`)
+costs its acknowledgement no round trip.
 
 When the link is lost, Celery's consumer tears the connection down in two passes (kombu's
 ``Connection.collect``, then ``Connection.close``). kombu closes the channels of the first
@@ -101,7 +103,12 @@ class QoS(RedisQoS):
         if lease is None:
             super().ack(delivery_tag)  # type: ignore[no-untyped-call]
             return
-        self._fenced_remove(lease, delivery_tag)
+        tag = _text(delivery_tag)
+        if leases.taken_by_store(tag):
+            # Acknowledged with its result, in the store's round trip (backend.py).
+            lease.release((lease.held_key_of(tag), tag))
+        else:
+            self._fenced_remove(lease, delivery_tag)
         self.untrack(delivery_tag)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:

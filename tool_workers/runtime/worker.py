@@ -28,7 +28,7 @@ from tool_workers.celery_ext.amqp_lease import start_worker_lease
 from tool_workers.celery_ext.drain import install as install_hand_back
 from tool_workers.celery_ext.event_loop import LimitWatchdog, spare_storing_calls
 from tool_workers.celery_ext.hand_on import HandOn
-from tool_workers.celery_ext.lease import Lease, stop_stale_calls
+from tool_workers.celery_ext.lease import Lease, share_acknowledgements, stop_stale_calls
 from tool_workers.celery_ext.redaction import quiet_celery_trace
 from tool_workers.celery_ext.soft_limit import mark, share_phases
 from tool_workers.celery_ext.transport import install as install_transport
@@ -108,7 +108,8 @@ def _check_names(settings: Settings, specs: Iterable[ToolSpec]) -> None:
 # memory through /proc, nor ptrace it. Forked pool processes inherit the mark.
 make_undumpable()
 settings, app, specs, isolation = _start()
-share_phases()  # before the pool forks: its processes inherit the table
+share_phases()  # before the pool forks: its processes inherit the tables
+share_acknowledgements()
 # A warm shutdown gives back at once the calls fetched and not started.
 install_hand_back(app)
 
