@@ -34,6 +34,8 @@ from orchestrator.bench.agents import (
 from orchestrator.bench.delay_proxy import DelayProxy
 from orchestrator.bench.fleet import BenchFleet
 from orchestrator.bench.measure import summarise
+from orchestrator.bench.raw_celery import NOOP, URL_ENV, create_raw_app
+from orchestrator.bench.raw_worker import raw_worker_for
 from orchestrator.dispatch.fleet import close_for
 
 DELIVERY = "BRPOP"
@@ -81,6 +83,9 @@ def run_links(
     points = []
     target = urlsplit(fleet.broker_url)
     host, port = target.hostname or "127.0.0.1", target.port or 6379
+    # A bare Celery worker's count, beside: the same on any link (no delay added).
+    with DelayProxy(host, port, 0.0) as raw_link:
+        raw = raw_round_trips(fleet, fleet.settings("links-raw"), raw_link, calls=calls)
     for delay_ms in delays_ms:
         one_way = delay_ms / 2000
         with (
@@ -110,7 +115,44 @@ def run_links(
                 close_for(main_settings)
                 fleet.stop_workers(workers)
         points.append({"delay_ms": delay_ms, **point})
-    return {"fanout": fanout, "seconds": seconds, "calls": calls, "points": points}
+    return {
+        "fanout": fanout,
+        "seconds": seconds,
+        "calls": calls,
+        "celery_raw": raw,
+        "points": points,
+    }
+
+
+def raw_round_trips(
+    fleet: BenchFleet, settings: Any, link: DelayProxy, *, calls: int
+) -> dict[str, Any]:
+    """The round trips a bare Celery worker (:mod:`orchestrator.bench.raw_celery`: late
+    acknowledgement, kombu's Redis transport, Celery's Redis backend) has per ``noop``
+    call, counted on ``link`` as toolfleet's are, calls one after another."""
+    worker = raw_worker_for(fleet, settings, pool="prefork", concurrency=2)
+    worker.url = proxied(worker.url, link.port)
+    worker.extra_env[URL_ENV] = worker.url
+    worker.start()
+    app = create_raw_app(fleet.broker_url, worker.prefix)
+    try:
+        worker.wait_ready(timeout=90)
+        before = link.exchanges.snapshot()
+        t0 = time.perf_counter()
+        for i in range(calls):
+            app.send_task(NOOP, args=(f"call {i}",)).get(timeout=30)
+        window = time.perf_counter() - t0
+        busy = _delta(link.exchanges.snapshot(), before)
+        before = link.exchanges.snapshot()
+        time.sleep(window)
+        trips = per_call(busy, _delta(link.exchanges.snapshot(), before), calls)
+    finally:
+        app.close()
+        fleet.stop_workers([worker])
+    return {
+        "worker": trips,
+        "worker_beyond_delivery": round(sum(v for k, v in trips.items() if k != DELIVERY), 2),
+    }
 
 
 def _measure(

@@ -239,6 +239,10 @@ def _links_sections(links: dict[str, Any]) -> list[Section]:
         for side in ("orchestrator", "worker")
         for kind, count in p["round_trips"][side].items()
     ]
+    kinds += [
+        ["0 ms", "raw Celery worker", kind, f"{count:.2f}"]
+        for kind, count in links.get("celery_raw", {}).get("worker", {}).items()
+    ]
     out.append(
         (
             "f. Round trips per call, counted by the delay proxies, by Redis commands",

@@ -175,6 +175,9 @@ def test_quick_bench_writes_a_complete_report(tmp_path: Path) -> None:
         trips = point["round_trips"]
         assert trips["orchestrator"] and trips["worker"], trips
         assert point["fanout_phase"]["sync"]["count"] == point["fanout_phase"]["async"]["count"]
+    # A bare Celery worker's round trips, counted the same way beside them.
+    raw_trips = report["scenarios"]["links"]["celery_raw"]
+    assert raw_trips["worker"].get("BRPOP") and raw_trips["worker_beyond_delivery"] > 0, raw_trips
     cost = report["scenarios"]["cost"]
     assert set(cost["contenders"]) == {"celery_raw", "toolfleet_async", "toolfleet_sync"}
     for numbers_of in cost["contenders"].values():

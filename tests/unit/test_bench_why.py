@@ -84,3 +84,30 @@ def test_a_timed_number_still_names_the_run_conditions() -> None:
 
     assert why.startswith("a quick run's sizes are too small for a stable number"), why
     assert "the machine was busy (load average 7 on 2 cores)" in why, why
+
+
+def test_the_round_trip_target_counts_the_worker_beside_a_bare_celery_worker() -> None:
+    """Given scenario f's counts, when the targets are read, then each delay's target is
+    the worker's round trips beyond its delivery alone (the orchestrator's publication is
+    not one of the worker's), named beside a bare Celery worker's count."""
+    point = {
+        "delay_ms": 20,
+        "round_trips": {
+            "orchestrator_total": 1.0,
+            "worker_beyond_delivery": 3.0,
+            "worker": {"BRPOP": 1.0, "EVALSHA": 2.0, "ZADD+HSET": 1.0},
+        },
+    }
+    report = {
+        "machine": {"cores": 2},
+        "scenarios": {
+            "links": {
+                "points": [point],
+                "celery_raw": {"worker_beyond_delivery": 4.15, "worker": {}},
+            }
+        },
+    }
+    (found,) = [t for t in targets(report) if t["id"] == "f.rt20"]
+    assert found["value"] == 3.0 and found["limit"] == 2.0 and not found["pass"]
+    assert "raw Celery's: 4.15" in found["what"]
+    assert "three moments" in why_missed("f.rt20", report)
