@@ -87,17 +87,24 @@ class Outcome(enum.Enum):
 _PUSH = (
     LUA_READ
     + """
--- KEYS: per call its marker, its result key, its queue's list.
--- ARGV: marker lifetime, marker value, publisher token, then per call its message.
--- Per call: 1 published, 2 result stored, 0 someone else's, 3 ours (an earlier try).
+-- KEYS: per call its marker, its result key, its queue's list ('': claimed only, the
+-- message goes out another way: RabbitMQ).
+-- ARGV: marker lifetime, marker value, publisher token, then per call its message ('').
+-- Per call: 1 claimed (and published), 2 result stored, 0 someone else's, 3 ours (an
+-- earlier try).
 local out = {}
 for i = 1, #ARGV - 3 do
     local m, r, q = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
     if redis.call('SET', m, ARGV[2], 'NX', 'EX', ARGV[1]) then
         if redis.call('EXISTS', r) == 1 then
+            if q == '' then
+                redis.call('DEL', m)
+            end
             out[i] = 2
         else
-            redis.call('LPUSH', q, ARGV[i + 3])
+            if q ~= '' then
+                redis.call('LPUSH', q, ARGV[i + 3])
+            end
             out[i] = 1
         end
     else
@@ -108,30 +115,9 @@ end
 return out
 """
 )
-
-_CLAIM = (
-    LUA_READ
-    + """
--- KEYS: per call its marker, its result key. ARGV: claim lifetime, claim value, token.
--- Per call: 1 claimed, 2 result stored, 0 someone else's, 3 ours (an earlier try).
-local out = {}
-for i = 1, #KEYS / 2 do
-    local m, r = KEYS[2 * i - 1], KEYS[2 * i]
-    if redis.call('SET', m, ARGV[2], 'NX', 'EX', ARGV[1]) then
-        if redis.call('EXISTS', r) == 1 then
-            redis.call('DEL', m)
-            out[i] = 2
-        else
-            out[i] = 1
-        end
-    else
-        local marker = read_marker(m)
-        out[i] = (marker and marker['t'] == ARGV[3]) and 3 or 0
-    end
-end
-return out
-"""
-)
+"""Claims each call in its marker and, on Redis, pushes its message in the same script:
+one round trip for a whole publication. A call claimed only (RabbitMQ) is published
+after, and a claim whose result is stored already is dropped."""
 
 _MARK_SENT = (
     LUA_READ
@@ -268,7 +254,6 @@ class Publisher:
         self._batches: dict[asyncio.AbstractEventLoop, _LoopBatch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._push = client.register_script(_PUSH)
-        self._claim = client.register_script(_CLAIM)
         self._mark_sent = client.register_script(_MARK_SENT)
         self._release = client.register_script(_RELEASE)
         self._revoke = client.register_script(_REVOKE)
@@ -505,11 +490,14 @@ class Publisher:
         assert self._broker is not None
         prefix = self._settings.key_prefix
         keys = [
-            k for c in calls for k in (marker_key(prefix, c.task_id), self._result_key(c.task_id))
+            k
+            for c in calls
+            for k in (marker_key(prefix, c.task_id), self._result_key(c.task_id), "")
         ]
         args: list[Any] = [PENDING_MARKER_TTL, self._pending_value, self._token]
+        args += [""] * len(calls)
         replies = _retrying(
-            functools.partial(self._claim, keys=keys, args=args), _gives_up_at(calls), self.link
+            functools.partial(self._push, keys=keys, args=args), _gives_up_at(calls), self.link
         )
         outcomes = _outcomes(calls, replies)
         mine = [c for c in calls if outcomes[c.task_id] is Outcome.PUBLISHED]

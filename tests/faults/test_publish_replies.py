@@ -58,8 +58,8 @@ def run_with_lost_replies(
     settings: Settings, script: str, lose: int, counter: redis.Redis
 ) -> list[str]:
     """Publish three calls through a dispatcher whose publisher loses the replies of its
-    ``script`` (``_push``: a Redis broker's publication; ``_claim`` and ``_mark_sent``:
-    RabbitMQ's claim and marking); their results."""
+    ``script`` (``_push``: the publication's claim, on Redis with the messages;
+    ``_mark_sent``: RabbitMQ's marking); their results."""
     dispatcher = CeleryDispatcher(None, settings)
     publisher = dispatcher._publisher
     flaky = LostScriptReplies(getattr(publisher, script), lose)
@@ -93,7 +93,7 @@ def test_a_publication_whose_reply_was_lost_is_published_once(
     published twice): every call is answered, once."""
     settings = fault_settings(**broker_settings)
     start_worker(settings, pool="threads", concurrency=4)
-    script = "_push" if broker == "redis" else "_claim"
+    script = "_push"
     assert run_with_lost_replies(settings, script, 1, counter) == EXPECTED
 
 
