@@ -1,16 +1,30 @@
-"""The delays between tries of everything that reconnects to, or retries against, Redis.
+"""The delays between tries of everything that reconnects to, or retries against, Redis,
+and the one pub/sub subscription loop every channel toolfleet listens on uses.
 
 Each delay is random, up to a bound that starts at 0.1 s and doubles to 2 s (redis-py's
 :class:`~redis.backoff.ExponentialWithJitterBackoff`), so the processes that lost the
 same server do not all try again at the same instant.
+
+:func:`subscribe_forever` subscribes, hands each message on, and after a lost connection
+subscribes again after such a delay. Pub/sub keeps nothing for a subscriber that was
+away, so each (re)subscription is announced to the caller: that is where it catches up
+with what was published meanwhile (the result listener reads the keys of the calls it
+waits for; the control channel's runs find a cancel request in their records).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import time
+from collections.abc import Callable
+from typing import Any
 
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import RedisError
+
+log = logging.getLogger("toolfleet")
 
 FIRST = 0.1
 """Seconds: the bound of the first delay."""
@@ -48,3 +62,60 @@ class Backoff:
     def reset(self) -> None:
         """A try succeeded: the next failure waits a first delay again."""
         self._failures = 0
+
+
+READ_TIMEOUT = 1.0
+"""Seconds one read waits for a message before the stop condition is checked again
+(redis-py may turn a cancellation inside a read into a timeout)."""
+
+
+async def subscribe_forever(
+    client: Any,
+    channel: str | bytes,
+    on_message: Callable[[Any], object],
+    *,
+    what: str,
+    on_subscribed: Callable[[], object] | None = None,
+    on_lost: Callable[[BaseException], object] | None = None,
+    stopping: Callable[[], bool] = lambda: False,
+) -> None:
+    """Listen on ``channel`` until cancelled or ``stopping()``; resubscribe after a loss.
+
+    Args:
+        client: A ``redis.asyncio`` client.
+        channel: The channel.
+        on_message: Called with the data of each message.
+        what: What the subscription is, for the log line of a loss.
+        on_subscribed: Called after each (re)subscription: catch up there with what was
+            published while the subscription was down.
+        on_lost: Called with the error when the subscription is lost.
+        stopping: Checked between reads: true ends the subscription.
+    """
+    backoff = Backoff()
+    while not stopping():
+        try:
+            pubsub = client.pubsub()
+            try:
+                await pubsub.subscribe(channel)
+                while not stopping():
+                    message = await pubsub.get_message(timeout=READ_TIMEOUT)
+                    if message is None:
+                        continue
+                    if message["type"] == "message":
+                        on_message(message["data"])
+                    elif message["type"] == "subscribe":
+                        backoff.reset()
+                        if on_subscribed is not None:
+                            on_subscribed()
+            finally:
+                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # untyped before redis-py 8
+        except (RedisError, OSError) as exc:
+            log.warning("%s lost (%r); subscribing again", what, exc)
+            if on_lost is not None:
+                on_lost(exc)
+            await asyncio.sleep(backoff.next())
+        except Exception as exc:  # a bug must not silence every later message
+            log.exception("%s failed; subscribing again", what)
+            if on_lost is not None:
+                on_lost(exc)
+            await asyncio.sleep(backoff.next())

@@ -29,7 +29,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from orchestrator.backoff import Backoff
+from orchestrator.backoff import subscribe_forever
 from orchestrator.dispatch.late import LATE_OPENING
 from orchestrator.dispatch.link import LinkHealth
 from orchestrator.dispatch.watch import StateCallback, Watch, WatchTable
@@ -208,65 +208,47 @@ class ResultListener:
         client = self._connect()
         self._client = client
         sweeper = asyncio.create_task(self._sweep_forever())
-        backoff = Backoff()
         try:
-            while not self._stopping.is_set():
-                try:
-                    await self._listen(client)
-                except (RedisError, OSError) as exc:
-                    log.warning("result pub/sub connection lost (%r); reconnecting", exc)
-                    self.link.failed(exc)
-                    self.subscribed.clear()
-                    self._ready.clear()
-                    await asyncio.sleep(backoff.next())
-                except Exception:  # a bug must not silence every later result
-                    log.exception("result listener failed; listening again")
-                    self.subscribed.clear()
-                    self._ready.clear()
-                    await asyncio.sleep(backoff.next())
-                else:
-                    backoff.reset()
+            await subscribe_forever(
+                client,
+                self.reply_channel,
+                self._on_message,
+                what="result pub/sub connection",
+                on_subscribed=self._on_subscribed,
+                on_lost=self._on_lost,
+                stopping=self._stopping.is_set,
+            )
         finally:
             # Ended, not just cancelled, before the client closes: a read or sweep still
             # connecting would otherwise leave its connection open as the loop closes.
+            self.subscribed.clear()
             tasks = [t for t in (sweeper, self._reader) if t is not None]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.aclose()
 
-    async def _listen(self, client: aioredis.Redis) -> None:
-        pubsub = client.pubsub()
-        try:
-            await pubsub.subscribe(self.reply_channel)
-            # redis-py may turn a cancellation inside get_message into a timeout, so the
-            # loop also checks the stop flag.
-            while not self._stopping.is_set():
-                message = await pubsub.get_message(timeout=1.0)
-                if message is not None:
-                    self._on_message(message)
-        finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # untyped before redis-py 8
+    def _on_message(self, data: bytes) -> None:
+        if data.startswith(LATE_OPENING):
+            if self.on_late is not None:
+                self.on_late(data)
+            return
+        self._table.deliver_reply(data)
 
-    def _on_message(self, message: dict[str, Any]) -> None:
-        kind = message["type"]
-        if kind == "message":
-            data = message["data"]
-            if data.startswith(LATE_OPENING):
-                if self.on_late is not None:
-                    self.on_late(data)
-                return
-            self._table.deliver_reply(data)
-        elif kind == "subscribe":
-            self.link.ok()
-            self.subscribed.add(message["channel"])
-            self._ready.set()
-            # After a reconnect: states published while the connection was down.
-            with self._lock:
-                pending = list(self._watches)
-            self._read_soon(pending)
-        elif kind == "unsubscribe":
-            self.subscribed.discard(message["channel"])
+    def _on_subscribed(self) -> None:
+        self.link.ok()
+        self.subscribed.add(self.reply_channel)
+        self._ready.set()
+        # After a reconnect: states published while the connection was down.
+        with self._lock:
+            pending = list(self._watches)
+        self._read_soon(pending)
+
+    def _on_lost(self, exc: BaseException) -> None:
+        if isinstance(exc, (RedisError, OSError)):
+            self.link.failed(exc)
+        self.subscribed.clear()
+        self._ready.clear()
 
     def _read_soon(self, task_ids: list[str]) -> None:
         """Read these keys in one MGET with whatever else is due this turn (on the loop)."""

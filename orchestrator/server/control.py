@@ -18,7 +18,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from orchestrator.backoff import Backoff
+from orchestrator.backoff import subscribe_forever
 from orchestrator.server.keys import Keys
 
 log = logging.getLogger("toolfleet.server")
@@ -89,15 +89,9 @@ class ReplicaControl:
                 log.warning("could not renew replica liveness (%r)", exc)
 
     async def _listen_forever(self) -> None:
-        backoff = Backoff()
-        while True:
-            try:
-                async with self._r.pubsub() as pubsub:
-                    await pubsub.subscribe(self._keys.control)
-                    backoff.reset()
-                    async for message in pubsub.listen():
-                        if message.get("type") == "message":
-                            self._on_cancel(str(message["data"]))
-            except (RedisError, OSError) as exc:
-                log.warning("control channel lost (%r); resubscribing", exc)
-                await asyncio.sleep(backoff.next())
+        await subscribe_forever(
+            self._r,
+            self._keys.control,
+            lambda data: self._on_cancel(str(data)),
+            what="control channel",
+        )

@@ -16,9 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 USERS = (
     "orchestrator/dispatch/publish.py",
     "orchestrator/dispatch/registry.py",
-    "orchestrator/dispatch/listener.py",
     "orchestrator/server/eventlog.py",
-    "orchestrator/server/control.py",
 )
 """The modules that retry against Redis."""
 
