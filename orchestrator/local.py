@@ -21,7 +21,6 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 import redis
@@ -362,12 +361,7 @@ class WorkerProcess:
         self.wait_ready()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

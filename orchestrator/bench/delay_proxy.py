@@ -23,7 +23,6 @@ import contextlib
 import re
 import threading
 import time
-from types import TracebackType
 
 CHUNK = 65536
 
@@ -177,10 +176,5 @@ class DelayProxy:
     def __enter__(self) -> DelayProxy:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -296,12 +296,10 @@ class CeleryDispatcher:
                     meta = future.result(waiting.step())
                     break
                 except concurrent.futures.TimeoutError:
-                    move = waiting.between()
-                    if isinstance(move, ToolResult):
+                    given_up = self._between(call, waiting)
+                    if given_up is not None:
                         self._revoke([call.task_id], terminate=True)
-                        return move
-                    if move is Next.CHECK:
-                        self._check_soon(call)
+                        return given_up
         finally:
             self._forget(call.task_id)
         return self._result(call, meta)
@@ -326,15 +324,21 @@ class CeleryDispatcher:
                 if future.done():
                     meta = future.result()
                     break
-                move = waiting.between()
-                if isinstance(move, ToolResult):
+                given_up = self._between(call, waiting)
+                if given_up is not None:
                     await self._off_loop(self._revoke, [call.task_id], True)
-                    return move
-                if move is Next.CHECK:
-                    self._check_soon(call)
+                    return given_up
         finally:
             self._forget(call.task_id)
         return self._result(call, meta)
+
+    def _between(self, call: PreparedCall, waiting: Waiting) -> ToolResult | None:
+        """A wait's step ran out: the answer to give up with (the call is then revoked),
+        or None to wait on (its result key read soon when the wait says so)."""
+        move = waiting.between()
+        if move is Next.CHECK:
+            self._check_soon(call)
+        return move if isinstance(move, ToolResult) else None
 
     def _waiting(self, call: PreparedCall, timeout: float | None) -> Waiting:
         return Waiting(
@@ -462,13 +466,9 @@ class CeleryDispatcher:
         Waits :data:`REVOKE_WAIT` at most for the revocation: during a cut it goes on in
         the background (a run's deadline is kept; the calls' messages expire with it).
         """
-        ids = [c.task_id for c in calls]
-        if ids:
-            revoking = self._revoking(ids, terminate)
-            for task_id in ids:
-                self._forget(task_id)
-            if revoking is not None:
-                concurrent.futures.wait((revoking,), timeout=REVOKE_WAIT)
+        revoking = self._stop(calls, terminate)
+        if revoking is not None:
+            concurrent.futures.wait((revoking,), timeout=REVOKE_WAIT)
 
     async def cancel_async(self, calls: Sequence[PreparedCall], terminate: bool = True) -> None:
         """:meth:`cancel`, its round trips off the event loop.
@@ -477,14 +477,22 @@ class CeleryDispatcher:
         it waits (a run torn down, a loop shutting down) does not stop the revocation.
         Waits :data:`REVOKE_WAIT` at most, as :meth:`cancel` does.
         """
+        revoking = self._stop(calls, terminate)
+        if revoking is not None:
+            # asyncio.wait neither cancels the revocation nor raises on a timeout.
+            await asyncio.wait((asyncio.wrap_future(revoking),), timeout=REVOKE_WAIT)
+
+    def _stop(
+        self, calls: Sequence[PreparedCall], terminate: bool
+    ) -> concurrent.futures.Future[None] | None:
+        """Start revoking the calls and stop waiting for them; the revocation, if any."""
         ids = [c.task_id for c in calls]
-        if ids:
-            revoking = self._revoking(ids, terminate)
-            for task_id in ids:
-                self._forget(task_id)
-            if revoking is not None:
-                # asyncio.wait neither cancels the revocation nor raises on a timeout.
-                await asyncio.wait((asyncio.wrap_future(revoking),), timeout=REVOKE_WAIT)
+        if not ids:
+            return None
+        revoking = self._revoking(ids, terminate)
+        for task_id in ids:
+            self._forget(task_id)
+        return revoking
 
     def _revoking(self, ids: list[str], terminate: bool) -> concurrent.futures.Future[None] | None:
         """The revocation of ``ids``, started in the I/O threads (``None``: closed)."""

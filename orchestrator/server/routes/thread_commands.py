@@ -71,62 +71,54 @@ RESPOND_PARAMS = frozenset(
 )
 MAX_RESPONSES = 1_000
 
-_COMMAND_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["id", "method"],
-                    "properties": {
-                        # The ids a JSON parser reads as integers (64 bits).
-                        "id": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
-                        "method": {"type": "string", "enum": ["run.start", "input.respond"]},
-                        "params": {"type": "object"},
-                    },
-                }
-            }
+
+def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI extra of a route whose required body is JSON of ``schema``."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+_COMMAND_BODY = _json_body(
+    {
+        "type": "object",
+        "required": ["id", "method"],
+        "properties": {
+            # The ids a JSON parser reads as integers (64 bits).
+            "id": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
+            "method": {"type": "string", "enum": ["run.start", "input.respond"]},
+            "params": {"type": "object"},
         },
     }
-}
-_EVENTS_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["channels"],
-                    "additionalProperties": False,
-                    "properties": {
-                        "channels": {
-                            "type": "array",
-                            "minItems": 1,
-                            "maxItems": MAX_CHANNELS,
-                            "items": {
-                                "type": "string",
-                                "maxLength": MAX_SEGMENT_CHARS,
-                                "pattern": CHANNEL_PATTERN,
-                            },
-                        },
-                        "namespaces": {
-                            "type": "array",
-                            "maxItems": MAX_NAMESPACES,
-                            "items": {
-                                "type": "array",
-                                "maxItems": MAX_SEGMENTS,
-                                "items": {"type": "string", "maxLength": MAX_SEGMENT_CHARS},
-                            },
-                        },
-                        "depth": {"type": "integer", "minimum": 0, "maximum": MAX_DEPTH},
-                        "since": {"type": "integer", "minimum": 0, "maximum": MAX_SEQ},
-                    },
-                }
-            }
+)
+_EVENTS_BODY = _json_body(
+    {
+        "type": "object",
+        "required": ["channels"],
+        "additionalProperties": False,
+        "properties": {
+            "channels": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": MAX_CHANNELS,
+                "items": {
+                    "type": "string",
+                    "maxLength": MAX_SEGMENT_CHARS,
+                    "pattern": CHANNEL_PATTERN,
+                },
+            },
+            "namespaces": {
+                "type": "array",
+                "maxItems": MAX_NAMESPACES,
+                "items": {
+                    "type": "array",
+                    "maxItems": MAX_SEGMENTS,
+                    "items": {"type": "string", "maxLength": MAX_SEGMENT_CHARS},
+                },
+            },
+            "depth": {"type": "integer", "minimum": 0, "maximum": MAX_DEPTH},
+            "since": {"type": "integer", "minimum": 0, "maximum": MAX_SEQ},
         },
     }
-}
+)
 
 
 class CommandError(Exception):
