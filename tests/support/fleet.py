@@ -95,16 +95,23 @@ def rounds(calls: Sequence[Sequence[tuple[str, dict[str, Any]]]]) -> ScriptedCha
 
 
 def wait_until(
-    condition: Callable[[], Any], timeout: float = 30.0, what: str = "the condition"
+    condition: Callable[[], Any],
+    timeout: float = 30.0,
+    what: str = "the condition",
+    ignoring: tuple[type[BaseException], ...] = (),
 ) -> Any:
-    """Poll ``condition`` until it returns something true; that value.
+    """Poll ``condition`` until it returns something true; that value. A try that raises
+    one of ``ignoring`` counts as false.
 
     Raises:
         AssertionError: not within ``timeout`` seconds.
     """
     deadline = time.monotonic() + timeout
     while True:
-        value = condition()
+        try:
+            value = condition()
+        except ignoring:
+            value = None
         if value:
             return value
         if time.monotonic() >= deadline:

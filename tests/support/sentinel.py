@@ -64,16 +64,17 @@ def _port(url: str) -> int:
     return int(url.rsplit(":", 1)[1].split("/", 1)[0])
 
 
-def _wait(condition: object, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if condition():  # type: ignore[operator]
-                return
-        except redis.RedisError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{what}: not within {seconds:g} s")
+def _knows_topology(sentinel: Any) -> Callable[[], bool]:
+    """Whether ``sentinel`` knows the primary, its replica and the two other Sentinels
+    (a failover can be agreed on)."""
+    return lambda: (
+        len(sentinel.sentinel_slaves(MASTER)) == 1 and len(sentinel.sentinel_sentinels(MASTER)) == 2
+    )
+
+
+def _names_primary(sentinel: Any, port: int) -> Callable[[], bool]:
+    """Whether ``sentinel`` names the server on ``port`` as the primary."""
+    return lambda: int(sentinel.sentinel_get_master_addr_by_name(MASTER)[1]) == port
 
 
 class SentinelRedis:
@@ -111,10 +112,11 @@ class SentinelRedis:
         host, port = self.link.url_host.rsplit(":", 1)
         # The replica announces its own port; the Sentinels reach it directly.
         replica.replicaof(host, int(port))
-        _wait(
+        wait_until(
             lambda: replica.info("replication").get("master_link_status") == "up",
             20,
             "the replica's link",
+            ignoring=(redis.RedisError,),  # a server starting: not yet
         )
         for index in range(3):
             port_ = _free_port()
@@ -136,14 +138,11 @@ class SentinelRedis:
         self.url = ";".join(f"sentinel://127.0.0.1:{p}" for p in self.sentinel_ports) + "/0"
         for port_ in self.sentinel_ports:
             sentinel = self.client(f"redis://127.0.0.1:{port_}")
-            # Each Sentinel knows the primary, its replica and the two other Sentinels:
-            # a failover can be agreed on.
-            _wait(
-                lambda s=sentinel: (
-                    len(s.sentinel_slaves(MASTER)) == 1 and len(s.sentinel_sentinels(MASTER)) == 2
-                ),
+            wait_until(
+                _knows_topology(sentinel),
                 30,
                 f"Sentinel {port_} seeing the replica and the other Sentinels",
+                ignoring=(redis.RedisError,),  # a server starting: not yet
             )
 
     def client(self, url: str) -> redis.Redis:
@@ -167,12 +166,11 @@ class SentinelRedis:
         replica_port = _port(self.replica.url)
         for port_ in self.sentinel_ports:
             sentinel = self.client(f"redis://127.0.0.1:{port_}")
-            _wait(
-                lambda s=sentinel: (
-                    int(s.sentinel_get_master_addr_by_name(MASTER)[1]) == replica_port
-                ),
+            wait_until(
+                _names_primary(sentinel, replica_port),
                 seconds,
                 "the failover",
+                ignoring=(redis.RedisError,),  # a server starting: not yet
             )
 
     def __exit__(self, *exc: object) -> None:
@@ -315,6 +313,7 @@ def failover_mid_fan_out(
                 lambda: collect(settings, timeout=1.0).primary.get("previous") is not None,
                 15,
                 "the workers' note of the failover",
+                ignoring=(redis.RedisError,),  # a server starting: not yet
             )
             primary = collect(settings, timeout=1.0).primary
             assert primary["address"] == new_primary, primary
