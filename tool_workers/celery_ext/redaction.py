@@ -142,16 +142,24 @@ class ToolCallRequest(Request):  # type: ignore[misc]
             active.unreported(self.name, self.hostname or "", outcome, self.time_start)
 
     def acknowledge(self) -> None:
+        first = not self.acknowledged
         super().acknowledge()
-        self._release()
+        if first:
+            self._release()
 
     def reject(self, requeue: bool = False) -> None:
+        first = not self.acknowledged
         super().reject(requeue=requeue)
-        self._release()
+        if first:
+            self._release()
 
     def _release(self) -> None:
-        # RabbitMQ: the delivery is no longer held under the worker's lease
-        # (tool_workers.celery_ext.amqp_lease); on Redis the transport's QoS did it.
+        # The delivery is no longer held under the worker's lease (RabbitMQ:
+        # tool_workers.celery_ext.amqp_lease; on Redis its record here, when the fenced
+        # acknowledgement did not remove it). Only once, when this request's delivery was
+        # acknowledged or rejected: Celery may ask again later (a lost pool process), and
+        # on Redis a delivery given back to its queue comes again under the same tag,
+        # whose new holding must stay.
         lease = leases.current()
         if lease is not None:
             lease.release(holding_in(self.request_dict.get(HOLDING_HEADER)))
