@@ -231,6 +231,16 @@ class AmqpLease(Lease):
             return
         headers[HOLDING_HEADER] = [held, tag]
 
+    def release(self, holding: Any) -> None:
+        """The delivery was acknowledged or rejected: its record goes (at the next
+        renewal; a call swept meanwhile finds its stored result)."""
+        if holding is None:
+            return
+        held, tag = holding
+        with self._lock:
+            self._holding.pop(tag, None)
+            self._released.append((held, tag))
+
     def unacked_keys(self) -> tuple[str, str] | None:
         """None: RabbitMQ keeps the unacknowledged deliveries."""
         return None

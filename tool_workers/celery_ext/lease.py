@@ -201,15 +201,19 @@ class Lease:
         transport's QoS does it, in the round trip kombu records the delivery in)."""
 
     def release(self, holding: Any) -> None:
-        """The delivery of ``holding`` was acknowledged or rejected without removing its
-        record here (RabbitMQ; on Redis, by its result's store): the record goes now in
-        this process, and from Redis at the next renewal (a call swept meanwhile finds
-        its stored result, or is no longer unacknowledged and is left alone)."""
-        if holding is None:
-            return
-        held, tag = holding
+        """The delivery of ``holding`` was acknowledged or rejected (on Redis the QoS's
+        fenced acknowledgement removed its records, or its result's store did:
+        :meth:`settle`)."""
+
+    def settle(self, tag: str) -> None:
+        """Delivery ``tag`` was acknowledged by the store of its result: its record goes
+        now in this process, and its held entry from Redis at the next renewal. (No later
+        delivery can take the tag meanwhile: the message is no longer unacknowledged,
+        so nothing gives it back to a queue.)"""
+        held = self.held_key_of(tag)
         with self._lock:
-            if self._holding.pop(tag, None) is not None:
+            self._holding.pop(tag, None)
+            if held is not None:
                 self._released.append((held, tag))
 
     def released(self) -> None:

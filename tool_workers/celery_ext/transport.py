@@ -106,7 +106,7 @@ class QoS(RedisQoS):
         tag = _text(delivery_tag)
         if leases.taken_by_store(tag):
             # Acknowledged with its result, in the store's round trip (backend.py).
-            lease.release((lease.held_key_of(tag), tag))
+            lease.settle(tag)
         else:
             self._fenced_remove(lease, delivery_tag)
         self.untrack(delivery_tag)
