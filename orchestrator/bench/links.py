@@ -34,7 +34,7 @@ from orchestrator.bench.agents import (
 from orchestrator.bench.delay_proxy import DelayProxy
 from orchestrator.bench.fleet import BenchFleet
 from orchestrator.bench.measure import summarise
-from orchestrator.bench.raw_celery import NOOP, URL_ENV, create_raw_app
+from orchestrator.bench.raw_celery import NOOP, create_raw_app
 from orchestrator.bench.raw_worker import raw_worker_for
 from orchestrator.dispatch.fleet import close_for
 
@@ -130,9 +130,9 @@ def raw_round_trips(
     """The round trips a bare Celery worker (:mod:`orchestrator.bench.raw_celery`: late
     acknowledgement, kombu's Redis transport, Celery's Redis backend) has per ``noop``
     call, counted on ``link`` as toolfleet's are, calls one after another."""
-    worker = raw_worker_for(fleet, settings, pool="prefork", concurrency=2)
-    worker.url = proxied(worker.url, link.port)
-    worker.extra_env[URL_ENV] = worker.url
+    worker = raw_worker_for(
+        fleet, settings, pool="prefork", concurrency=2, reach=lambda url: proxied(url, link.port)
+    )
     worker.start()
     app = create_raw_app(fleet.broker_url, worker.prefix)
     try:

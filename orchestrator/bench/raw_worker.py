@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.bench.fleet import WORKER_LOGLEVEL, BenchFleet
@@ -84,9 +85,18 @@ class RawCeleryWorker(WorkerProcess):
 
 
 def raw_worker_for(
-    fleet: BenchFleet, settings: Settings, *, pool: str, concurrency: int
+    fleet: BenchFleet,
+    settings: Settings,
+    *,
+    pool: str,
+    concurrency: int,
+    reach: Callable[[str], str] = str,
 ) -> RawCeleryWorker:
     """The bare Celery app's worker for the scenario of ``settings`` (not started yet).
+
+    Args:
+        reach: The URL the worker reaches the server by, from the server's (a proxy's:
+            :func:`orchestrator.bench.links.proxied`).
 
     Raises:
         RuntimeError: the server is not Redis (INFO and the bare app need it), or the
@@ -99,7 +109,7 @@ def raw_worker_for(
         raise RuntimeError("the cost scenario needs results on the broker's server")
     return RawCeleryWorker(
         settings,
-        url=url,
+        url=reach(url),
         prefix=f"{settings.namespace or 'bench'}-raw:",
         pool=pool,
         concurrency=concurrency,

@@ -36,7 +36,7 @@ class FakePubSub:
             if isinstance(item, Exception):
                 raise item
             return item
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # a read that timed out: the loop goes on
         return None
 
     async def aclose(self) -> None:

@@ -100,11 +100,12 @@ def hand_back(c: Any, requests: list[Any]) -> int:
     if not requests:
         return 0
     lease = leases.current()
-    if lease is None:  # RabbitMQ (or no lease): back when the connection closes
+    unacked = lease.unacked_keys() if lease is not None else None
+    if lease is None or unacked is None:  # RabbitMQ (or no lease): back when it closes
         return 0
     moved = []
     for request in requests:
-        if _hand_back_held(lease, request.message, str(request.id)):
+        if _hand_back_held(lease, unacked, request.message, str(request.id)):
             request.acknowledged = True  # not Celery's to acknowledge or restore now
             moved.append(str(request.id))
     if moved:
@@ -116,15 +117,17 @@ def hand_back(c: Any, requests: list[Any]) -> int:
     return len(moved)
 
 
-def _hand_back_held(lease: leases.Lease, message: Any, task_id: str) -> bool:
-    """One delivery back to its queue, atomically with the call's start (see module)."""
+def _hand_back_held(
+    lease: leases.Lease, unacked: tuple[str, str], message: Any, task_id: str
+) -> bool:
+    """One delivery back to its queue, atomically with the call's start (see module);
+    ``unacked``: kombu's unacked hash and index."""
     tag = str(message.delivery_tag)
     held = lease.held_key_of(tag)
     if held is None:
         return False
     client = lease.client
-    prefix = lease.broker_prefix
-    entry, raw = client.hget(held, tag), client.hget(f"{prefix}unacked", tag)
+    entry, raw = client.hget(held, tag), client.hget(unacked[0], tag)
     if entry is None or raw is None:
         return False
     queue_key = json.loads(entry)[1]
@@ -133,8 +136,7 @@ def _hand_back_held(lease: leases.Lease, message: Any, task_id: str) -> bool:
     moved = script(
         keys=[
             held,
-            f"{prefix}unacked",
-            f"{prefix}unacked_index",
+            *unacked,
             marker_key(lease.key_prefix, task_id),
             queue_key,
         ],

@@ -154,12 +154,10 @@ class ToolCallRequest(Request):  # type: ignore[misc]
             self._release()
 
     def _release(self) -> None:
-        # The delivery is no longer held under the worker's lease (RabbitMQ:
-        # tool_workers.celery_ext.amqp_lease; on Redis its record here, when the fenced
-        # acknowledgement did not remove it). Only once, when this request's delivery was
-        # acknowledged or rejected: Celery may ask again later (a lost pool process), and
-        # on Redis a delivery given back to its queue comes again under the same tag,
-        # whose new holding must stay.
+        # RabbitMQ: the delivery is no longer held under the worker's lease
+        # (tool_workers.celery_ext.amqp_lease); on Redis the transport's QoS did it. Only
+        # when this request's own acknowledgement or rejection happened, as Celery's
+        # guard: Celery may ask again later (a lost pool process).
         lease = leases.current()
         if lease is not None:
             lease.release(holding_in(self.request_dict.get(HOLDING_HEADER)))
