@@ -27,6 +27,12 @@ from tool_workers.contract.names import call_key, task_id_for
 from tool_workers.contract.settings import ToolPolicies
 from tool_workers.contract.wire_json import to_wire
 
+HANDED_ON: set[str] = set()
+"""Ids of the runs this process stops because another process takes them over (a
+replica of ``toolfleet serve`` that drains, or lost its run's lease). Their calls' hooks,
+cancelled, leave the calls running on the workers: the run's next attempt attaches to
+them."""
+
 
 @dataclass(frozen=True, slots=True)
 class CallSite:
@@ -57,6 +63,12 @@ class CallSite:
     """The graph state (read only when the tool asks for injected arguments)."""
     context: Any = None
     """The run's ``context``."""
+
+    @property
+    def handed_on(self) -> bool:
+        """Whether the run is being handed on (:data:`HANDED_ON`): a cancellation of the
+        call's hook then leaves the call running."""
+        return self.run_id is not None and self.run_id in HANDED_ON
 
     @classmethod
     def of(cls, request: Any) -> CallSite:

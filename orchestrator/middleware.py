@@ -335,6 +335,8 @@ class CeleryToolMiddleware(AgentMiddleware):
                 seen.cancelled()
                 raise _deadline_error(call, before=False, cause=exc) from exc
             except asyncio.CancelledError:
+                if site.handed_on:  # another replica goes on with the run: the call too
+                    raise
                 # The run was cancelled (or a sibling failed): nothing keeps working for it.
                 seen.cancelled()
                 await dispatcher.cancel_async([call], terminate=True)

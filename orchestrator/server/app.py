@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import socket
 import uuid
@@ -20,6 +21,7 @@ from importlib.metadata import version
 from typing import Any
 
 import redis.asyncio as aioredis
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -63,7 +65,7 @@ from orchestrator.server.routes import (
     thread_stream,
     threads,
 )
-from orchestrator.server.runner import RunManager
+from orchestrator.server.runner import Drain, RunManager
 from orchestrator.server.services import Services
 from orchestrator.server.store import Store
 from orchestrator.server.streamquota import StreamQuota
@@ -78,10 +80,6 @@ from tool_workers.contract.store import store_for
 
 log = logging.getLogger("toolfleet.server")
 
-GRACEFUL_SHUTDOWN = 10
-"""Seconds uvicorn lets open requests finish after SIGTERM before it cuts them and the
-lifespan cancels this replica's runs (docker-compose.yml's stop_grace_period is longer)."""
-
 
 def create_app(
     settings: Settings,
@@ -90,6 +88,7 @@ def create_app(
     graphs: Sequence[ProjectGraph] | None = None,
     cors: CorsPolicy | None = None,
     model: BaseChatModel | None = None,
+    drain: Drain | None = None,
 ) -> FastAPI:
     """The service's ASGI app.
 
@@ -102,13 +101,15 @@ def create_app(
         cors: The project's ``http.cors`` (see :mod:`orchestrator.server.cors`).
         model: The built-in agent's chat model, already made (default: made from
             ``settings`` as the app starts).
+        drain: The replica's drain time, begun when it is told to stop (default: none:
+            runs still going at shutdown are handed on to other replicas at once).
     """
     auth = TokenAuth(settings.api_tokens)
     replica = replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with _services(settings, replica, graphs, model) as svc:
+        async with _services(settings, replica, graphs, model, drain) as svc:
             key = await tenant_key(svc.redis, Keys(settings.key_prefix))
             auth.bind(key)
             app.state.services = svc
@@ -193,6 +194,7 @@ async def _services(
     replica: str,
     project: Sequence[ProjectGraph] | None,
     model: BaseChatModel | None = None,
+    drain: Drain | None = None,
 ) -> AsyncIterator[Services]:
     dispatcher = dispatcher_for(settings=settings)
     # Every graph's toolfleet middleware in this process takes its runs' turns here.
@@ -248,6 +250,9 @@ async def _services(
             replica_id=replica,
             quota=tenant_quota(settings),
             webhooks=webhooks,
+            drain=drain,
+            max_attempts=settings.run_attempts,
+            shared_checkpoints=bool(settings.database_url),
         )
         await relay.start()
         await manager.start()
@@ -383,7 +388,6 @@ def serve(
         StartupError: the app's startup failed (a checkpointer or Redis that does not
             answer); its one-line reason is in the message.
     """
-    import uvicorn
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     check_settings(settings, no_auth=no_auth)
@@ -400,7 +404,9 @@ def serve(
             max_connections=connection_cap(settings.http_max_connections, pools),
         )
     )
-    startup = StartupFailure(create_app(settings, graphs=graphs, cors=cors, model=model))
+    drain = Drain(settings.drain_seconds)
+    app = create_app(settings, graphs=graphs, cors=cors, model=model, drain=drain)
+    startup = StartupFailure(app)
     config = uvicorn.Config(
         startup,
         host=host,
@@ -408,9 +414,11 @@ def serve(
         # httptools, as the guard in front of it parses with (the same requests for both).
         http=connections.protocol_factory(HttpToolsProtocol),
         log_config=None,  # configure_logging's handler and format
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,  # then streams are cut, local runs cancelled
+        # Open streams may last the drain time; then they are cut (their clients reconnect
+        # to another replica) and the runs still going are handed on.
+        timeout_graceful_shutdown=math.ceil(settings.drain_seconds),
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, drain)
     with listening:
         try:
             server.run(sockets=[listening])
@@ -419,6 +427,20 @@ def serve(
                 raise
     if startup.reason is not None:
         raise StartupError(f"the service could not start: {startup.reason}")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, whose SIGTERM (or SIGINT) also begins the replica's drain: it
+    takes no more runs and no more takeovers from then on."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+        super().__init__(config)
+        self.drain = drain
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """Begin the drain, then uvicorn's own shutdown."""
+        self.drain.begin()
+        super().handle_exit(sig, frame)
 
 
 class StartupFailure:

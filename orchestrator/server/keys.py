@@ -19,6 +19,8 @@ and thread metadata, the per-run event logs and the cancel channel live there, u
     server:thread-queue:<key>     list   runs waiting for the thread (multitask "enqueue")
     server:run:<id>               hash   run record (status, owner replica, kwargs, error)
     server:run-alive:<id>         string set while a queued run's replica waits for it (TTL)
+    server:run-leases             zset   unfinished run ids by when their lease lapses
+    server:run-owners             hash   unfinished run id -> the replica holding its lease
     server:run-events:<id>        stream the run's stream parts, then an end marker
     server:replica:<id>           string set while a replica lives (TTL, renewed)
     server:replica-wake:<id>      stream wakes the replica's event reader
@@ -113,6 +115,16 @@ class Keys:
     def run_alive(self, run_id: str) -> str:
         """Present while the replica that queued a run still waits to start it."""
         return f"{self.run_alive_prefix}{run_id}"
+
+    @property
+    def run_leases(self) -> str:
+        """Unfinished runs by when their lease lapses (:mod:`orchestrator.server.runlease`)."""
+        return f"{self.base}run-leases"
+
+    @property
+    def run_owners(self) -> str:
+        """The replica holding each unfinished run's lease."""
+        return f"{self.base}run-owners"
 
     def events(self, run_id: str) -> str:
         """Stream of the run's stream parts."""

@@ -68,6 +68,11 @@ class RunRecord:
     error: dict[str, Any] | None = None
     cancel_requested: bool = False
     tenant: str = ""
+    attempt: int = 1
+    """Which attempt of the run this is: 2 and on, taken over from a replica that went
+    away (:mod:`orchestrator.server.runlease`)."""
+    temporary: bool = False
+    """Whether the run made its own thread (a stateless run's)."""
 
     @property
     def thread_key(self) -> str:

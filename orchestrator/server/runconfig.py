@@ -44,8 +44,8 @@ def run_config(run: RunRecord, body: RunCreate, graph_id: str) -> dict[str, Any]
         configurable["checkpoint_id"] = body.checkpoint_id
     config: dict[str, Any] = {
         "configurable": configurable,
-        # A run is attempted once: the runs of a replica that died are marked failed, not retried.
-        "metadata": {**run.metadata, **identity, "run_attempt": 1},
+        # A run taken over from a replica that went away is attempted again (runlease).
+        "metadata": {**run.metadata, **identity, "run_attempt": run.attempt},
         "tags": list(given.tags),
         "run_id": uuid.UUID(run.run_id),
     }

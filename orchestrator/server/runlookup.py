@@ -1,8 +1,10 @@
 """Finding a run and waiting for it to end, on any replica (the base of
 :class:`~orchestrator.server.runner.RunManager`).
 
-A run whose replica stopped renewing its liveness is marked failed when it is looked
-up: nobody else will end it.
+An unfinished run has a lease (:mod:`orchestrator.server.runlease`): when its replica
+goes away, another replica takes it over within the lease, whether anyone reads it or
+not. Only a run without one (its lease lost with Redis's data) whose replica stopped
+renewing its liveness is marked failed when it is looked up: nobody else will end it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from orchestrator.server.control import ReplicaControl
 from orchestrator.server.errors import NotFound
 from orchestrator.server.eventlog import END, EventLog, EventRelay, FollowerDropped
 from orchestrator.server.records import RunRecord
+from orchestrator.server.runlease import RunLeases
 from orchestrator.server.store import Store
 
 
@@ -24,10 +27,12 @@ class RunLookup:
     events: EventLog
     relay: EventRelay
     control: ReplicaControl
+    leases: RunLeases
     _tasks: dict[str, asyncio.Task[Any]]
 
     async def get_run(self, tenant: str, thread_id: str, run_id: str) -> RunRecord:
-        """The run of the tenant's thread; one whose replica died is marked failed here.
+        """The run of the tenant's thread; one without a lease whose replica died is
+        marked failed here.
 
         Raises:
             NotFound: no such run on the thread (or it is another tenant's).
@@ -37,7 +42,7 @@ class RunLookup:
             raise NotFound(f"run {run_id} not found on thread {thread_id}")
         if run.done or run.run_id in self._tasks:
             return run
-        if await self.control.alive(run.replica):
+        if await self.leases.leased(run.run_id) or await self.control.alive(run.replica):
             return run
         run.error = {
             "error": "ReplicaLost",

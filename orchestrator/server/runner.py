@@ -24,9 +24,11 @@ from collections.abc import Coroutine
 from typing import Any
 
 import redis.asyncio as aioredis
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from redis.exceptions import RedisError
 
+from orchestrator.call import HANDED_ON
 from orchestrator.server.assistant_store import AssistantStore
 from orchestrator.server.control import RENEW_INTERVAL, ReplicaControl
 from orchestrator.server.encoding import dumps
@@ -38,6 +40,7 @@ from orchestrator.server.keys import Keys
 from orchestrator.server.records import RunRecord, now_iso
 from orchestrator.server.rollback import delete_run_checkpoints
 from orchestrator.server.runconfig import config_json, run_config, thread_config, with_assistant
+from orchestrator.server.runlease import LEASE_RENEW, RunLeases
 from orchestrator.server.runlookup import RunLookup
 from orchestrator.server.runstream import RunStream
 from orchestrator.server.schemas import RunCreate
@@ -52,6 +55,30 @@ ADMIT_POLL = 0.1
 DISCONNECTED = "client disconnected from the run stream (on_disconnect=cancel)"
 """Why a run whose client left is cancelled (LangGraph's server's words)."""
 """Seconds between attempts of a queued run to take its thread."""
+
+
+class Drain:
+    """How long a replica told to stop lets its runs go on before handing them on.
+
+    Args:
+        seconds: The drain time (``TOOLFLEET_DRAIN_SECONDS``).
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.began: float | None = None
+        """When the replica was told to stop (``time.monotonic()``), or ``None``."""
+
+    def begin(self) -> None:
+        """The replica is told to stop (SIGTERM): the drain time starts now, once."""
+        if self.began is None:
+            self.began = time.monotonic()
+
+    def left(self) -> float:
+        """Seconds of the drain time left (all of it before :meth:`begin`)."""
+        if self.began is None:
+            return self.seconds
+        return max(0.0, self.began + self.seconds - time.monotonic())
 
 
 class RunManager(RunLookup):
@@ -70,6 +97,11 @@ class RunManager(RunLookup):
         quota: Each tenant's share of the replica's runs (default: all of them).
         webhooks: Delivers the webhooks of finished runs (``None``: a run naming one is
             refused).
+        drain: How long this replica's runs may go on once it is told to stop, before
+            they are handed on (default: none; they are handed on at once).
+        max_attempts: Attempts of a run at most (the first, then takeovers).
+        shared_checkpoints: Whether every replica reads the same checkpoints (PostgreSQL):
+            a run taken over before its first checkpoint then starts again from its input.
     """
 
     def __init__(
@@ -86,6 +118,9 @@ class RunManager(RunLookup):
         replica_id: str,
         quota: TenantQuota | None = None,
         webhooks: WebhookSender | None = None,
+        drain: Drain | None = None,
+        max_attempts: int = 3,
+        shared_checkpoints: bool = False,
     ) -> None:
         self.store = store
         self.events = events
@@ -104,21 +139,63 @@ class RunManager(RunLookup):
         self._background: set[asyncio.Task[None]] = set()
         self.webhooks = webhooks
         self._started_at: dict[str, str] = {}
+        self.leases = RunLeases(client, keys, replica_id)
+        self.drain = drain or Drain(0.0)
+        self.max_attempts = max_attempts
+        self.shared_checkpoints = shared_checkpoints
+        self._handed: set[str] = set()
+        self._lease_loop: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Announce the replica and start listening for cancel requests."""
+        """Announce the replica, listen for cancel requests, keep its runs' leases and
+        take over the runs of replicas that went away."""
         await self.control.start()
+        self._lease_loop = asyncio.create_task(self._keep_leases(), name="toolfleet-run-leases")
 
     async def close(self) -> None:
-        """Cancel this replica's runs (their tool tasks are revoked) and stop."""
+        """Stop: take no more runs, let this replica's runs go on for what is left of the
+        drain time, then hand those still running on to the other replicas (their tool
+        calls go on running; another replica takes each run over from its checkpoint)."""
+        self.drain.begin()
+        left = self.drain.left()
         tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks and left > 0:
+            log.info("draining: %d run(s) may go on for %.0f s", len(tasks), left)
+            await asyncio.wait(tasks, timeout=left)
+        await self.hand_on(list(self._tasks))
+        if self._lease_loop is not None:
+            self._lease_loop.cancel()
+            await asyncio.gather(self._lease_loop, return_exceptions=True)
         await asyncio.gather(*self._background, return_exceptions=True)
         await self.control.close()
+
+    async def hand_on(self, run_ids: list[str]) -> None:
+        """Stop these runs of this replica without ending them: their leases lapse at
+        once, and another replica takes each over at its next look (within
+        :data:`~orchestrator.server.runlease.LEASE_RENEW` seconds)."""
+        if not run_ids:
+            return
+        try:
+            await self.leases.hand_back(run_ids)
+        except (RedisError, OSError) as exc:  # they lapse on their own then
+            log.warning("could not hand back %d run lease(s) (%r)", len(run_ids), exc)
+        self._stop_here(run_ids, "handed on to another replica")
+        tasks = [self._tasks[r] for r in run_ids if r in self._tasks]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _stop_here(self, run_ids: list[str], why: str) -> None:
+        """Cancel these runs' tasks as runs another replica goes on with: their tool calls
+        are left running and nothing of their end is written."""
+        for run_id in run_ids:
+            task = self._tasks.get(run_id)
+            if task is None:
+                continue
+            log.warning("run %s stops here: %s", run_id, why)
+            self._handed.add(run_id)
+            HANDED_ON.add(run_id)
+            task.cancel()
 
     @property
     def active(self) -> int:
@@ -129,6 +206,84 @@ class RunManager(RunLookup):
     def running(self) -> int:
         """Runs whose graph is executing (the others of :attr:`active` wait to start)."""
         return len(self._running)
+
+    # -- leases and takeovers ------------------------------------------------------------
+
+    async def _keep_leases(self) -> None:
+        while True:
+            await asyncio.sleep(LEASE_RENEW)
+            try:
+                lost = await self.leases.renew(list(self._tasks))
+                self._stop_here(lost, "its lease lapsed and another replica took it over")
+                if self.drain.began is None:
+                    for run_id, former in await self.leases.claim(self.max_runs - self.active):
+                        await self.take_over(run_id, former)
+            except (RedisError, OSError) as exc:
+                log.warning("could not keep the run leases (%r)", exc)
+
+    async def take_over(self, run_id: str, former: str) -> None:
+        """Go on with a run whose lease this replica just claimed from ``former``: as its
+        next attempt, from its thread's checkpoint (tool calls that finished meanwhile
+        are reused, those in flight attached to), or end it ``error`` with the reason
+        when it cannot go on (no shared checkpoints, attempts used up)."""
+        run = await self.store.run(run_id)
+        if run is None or run.done or run_id in self._tasks:
+            await self.leases.drop(run_id)
+            return
+        body = RunCreate.model_validate({**run.kwargs, "metadata": {}})
+        checkpointed = await self._checkpointed(run)
+        why = self._why_not_resumed(run, checkpointed)
+        source: GraphSource | None = None
+        if why is None:
+            try:
+                source, _ = await self.assistants.resolve(run.tenant, run.assistant_id)
+                self.quota.take(run.tenant)
+            except AtCapacity:  # the tenant's share here is full: another replica, later
+                await self.leases.hand_back([run_id])
+                return
+            except NotFound as exc:
+                why = str(exc)
+        held = await self.store.holder(run.thread_key) == run_id
+        held = held and await self.store.renew(run.thread_key, run_id)
+        run.attempt += 1
+        run.replica = self.replica_id
+        await self.store.set_run_attempt(run_id, self.replica_id, run.attempt)
+        log.warning(
+            "taking over run %s (attempt %d) from replica %s%s",
+            run_id,
+            run.attempt,
+            former or "unknown",
+            f": it cannot go on ({why})" if why else "",
+        )
+        if why is not None or source is None:
+            error = {"error": "RunLost", "message": f"replica {former} went away: {why}"}
+            await self._finish(run, body, "error", error, held, run.temporary)
+            return
+        if checkpointed:  # its input is in: it goes on from its thread's checkpoint
+            keep = {"input": None, "command": None, "checkpoint": None, "checkpoint_id": None}
+            body = body.model_copy(update={**keep, "after_seconds": None})
+        if not held:  # back in line, at its head, to hold its thread again
+            await self.store.leave_queue(run.thread_key, run_id)
+            await self.store.enqueue(run.thread_key, run_id, first=True)
+        self._launch(run, body, source, held)
+
+    def _why_not_resumed(self, run: RunRecord, checkpointed: bool) -> str | None:
+        if run.attempt >= self.max_attempts:
+            return f"its {self.max_attempts} attempts are used up"
+        if not checkpointed and not self.shared_checkpoints:
+            return (
+                "its checkpoints are not in this replica's checkpointer (a SQLite file is "
+                "one replica's own: give every replica the same PostgreSQL database)"
+            )
+        return None
+
+    async def _checkpointed(self, run: RunRecord) -> bool:
+        """Whether the thread has a checkpoint the run wrote (its input is in)."""
+        config = RunnableConfig(configurable={"thread_id": run.thread_key})
+        found = self._checkpointer.alist(config, filter={"run_id": run.run_id}, limit=1)
+        async for _ in found:
+            return True
+        return False
 
     # -- starting runs -------------------------------------------------------------------
 
@@ -152,6 +307,8 @@ class RunManager(RunLookup):
             if self.webhooks is None:
                 raise Unsupported("webhook: this server sends no webhooks")
             await self.webhooks.check(body.webhook)
+        if self.drain.began is not None:
+            raise AtCapacity("this replica is shutting down; retry on another")
         if self.active >= self.max_runs:
             raise AtCapacity(f"this replica runs {self.max_runs} runs already; retry later")
         self.quota.take(tenant)
@@ -191,6 +348,7 @@ class RunManager(RunLookup):
             multitask_strategy=body.multitask_strategy,
             kwargs=body.model_dump(mode="json", exclude_none=True, exclude={"metadata"}),
             tenant=tenant,
+            temporary=temporary,
         )
         key = run.thread_key
         thread = await self.store.thread(key)
@@ -216,9 +374,11 @@ class RunManager(RunLookup):
                 admitted = True
                 await self.store.put_run(run)
                 stored = True
+                await self.leases.take(run.run_id)
             else:
                 await self.store.put_run(run)
                 stored = True
+                await self.leases.take(run.run_id)
                 first = body.multitask_strategy in ("interrupt", "rollback")
                 await self.store.enqueue(key, run.run_id, first=first)
                 if first and (holder := await self.store.holder(key)):
@@ -228,8 +388,13 @@ class RunManager(RunLookup):
         except BaseException:
             await asyncio.shield(self._undo(run, made_thread, admitted, stored))
             raise
+        self._launch(run, body, source, admitted)
+        return run
+
+    def _launch(self, run: RunRecord, body: RunCreate, source: GraphSource, held: bool) -> None:
+        """Execute the run in a task of its own (``held``: it holds its thread already)."""
         task = asyncio.create_task(
-            self._execute(run, body, source, admitted=admitted, temporary=temporary),
+            self._execute(run, body, source, admitted=held, temporary=run.temporary),
             name=f"toolfleet-run-{run.run_id}",
         )
         self._tasks[run.run_id] = task
@@ -237,10 +402,10 @@ class RunManager(RunLookup):
         def never_started(done: asyncio.Task[None]) -> None:
             # A task cancelled before its first step never enters _execute's try block.
             if done.cancelled() and run.run_id not in self._started:
-                self._spawn(self._finish(run, body, "interrupted", None, admitted, temporary))
+                status = "handed" if run.run_id in self._handed else "interrupted"
+                self._spawn(self._finish(run, body, status, None, held, run.temporary))
 
         task.add_done_callback(never_started)
-        return run
 
     async def _undo(self, run: RunRecord, made_thread: bool, admitted: bool, stored: bool) -> None:
         """Take back what a failed :meth:`_create` wrote."""
@@ -250,6 +415,7 @@ class RunManager(RunLookup):
             if stored:
                 await self.store.leave_queue(run.thread_key, run.run_id)
                 await self.store.delete_run(run)
+                await self.leases.drop(run.run_id)
             if made_thread:
                 await self.store.delete_thread(run.thread_key)
         except (RedisError, OSError):
@@ -293,7 +459,7 @@ class RunManager(RunLookup):
                     await self.events.append(run.run_id, event, view.encode(chunk))
             status = "success"
         except asyncio.CancelledError:
-            status = "interrupted"
+            status = "handed" if run.run_id in self._handed else "interrupted"
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
@@ -339,6 +505,8 @@ class RunManager(RunLookup):
         temporary: bool,
     ) -> None:
         try:
+            if status == "handed":  # another replica goes on with it: nothing ends here
+                return
             if error is not None:
                 await self.events.append(run.run_id, "error", dumps(error))
             action = await self.store.cancel_action(run.run_id)
@@ -363,6 +531,7 @@ class RunManager(RunLookup):
                 await self.store.delete_thread(run.thread_key, keep_runs=True)
                 await self._checkpointer.adelete_thread(run.thread_key)
             await self.events.end(run.run_id, status)  # last: waiters then see it all done
+            await self.leases.drop(run.run_id)
             if hook is not None and self.webhooks is not None and body.webhook:
                 self.webhooks.send(body.webhook, hook, tenant=run.tenant)
         except Exception:
@@ -373,6 +542,8 @@ class RunManager(RunLookup):
             self._started.discard(run.run_id)
             self._running.discard(run.run_id)
             self._started_at.pop(run.run_id, None)
+            self._handed.discard(run.run_id)
+            HANDED_ON.discard(run.run_id)
         log.info("run %s on thread %s ended: %s", run.run_id, run.thread_id, status)
 
     async def _webhook(
@@ -437,8 +608,11 @@ class RunManager(RunLookup):
 
     def cancel_soon(self, run: RunRecord) -> None:
         """Cancel the run from a task of its own: for a request being torn down (a
-        client that disconnected), whose own awaits would be cancelled with it."""
-        self._spawn(self._cancel_quietly(run))
+        client that disconnected), whose own awaits would be cancelled with it. Not
+        while this replica shuts down: the requests it cuts then are not clients that
+        left, and they reconnect to another replica."""
+        if self.drain.began is None:
+            self._spawn(self._cancel_quietly(run))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -379,6 +379,11 @@ class Store(ThreadLine):
             pipe.expire(self._keys.run(run_id), self._run_ttl)
             await pipe.execute()
 
+    async def set_run_attempt(self, run_id: str, replica: str, attempt: int) -> None:
+        """Record that ``replica`` executes the run now, as its attempt ``attempt``."""
+        fields = {"replica": replica, "attempt": str(attempt), "updated_at": now_iso()}
+        await self._r.hset(self._keys.run(run_id), mapping=fields)
+
     async def request_cancel(
         self, run_id: str, action: str = "interrupt", reason: str | None = None
     ) -> None:
@@ -452,12 +457,14 @@ def _run_fields(run: RunRecord) -> dict[str, str]:
         "metadata": run.metadata,
         "multitask_strategy": run.multitask_strategy,
         "kwargs": run.kwargs,
+        "temporary": run.temporary,
     }
     return {
         "doc": dumps(doc).decode(),
         "status": run.status,
         "updated_at": run.updated_at,
         "replica": run.replica,
+        "attempt": str(run.attempt),
     }
 
 
@@ -477,4 +484,6 @@ def _run_from(raw: dict[str, str]) -> RunRecord:
         error=loads(raw["error"]) if raw.get("error") else None,
         cancel_requested=bool(raw.get("cancel")),
         tenant=doc.get("tenant", ""),
+        attempt=int(raw.get("attempt") or 1),
+        temporary=bool(doc.get("temporary")),
     )

@@ -1,9 +1,10 @@
 """A run's stream parts as a server-sent-event response, from whichever replica.
 
-The response opens with ``event: metadata`` (``{"run_id": ..., "attempt": 1}``; not on a
-reconnect, which has it), then one event per stream part: ``event:
-values|updates|messages|custom|...`` (``|<namespace>`` for subgraphs; ``messages/partial``
-and the like for the older messages form) with the part as JSON ``data`` and its log
+The response opens with ``event: metadata`` (``{"run_id": ..., "attempt": 1}``, 2 and on
+for a run taken over from a replica that went away; not on a reconnect, which has it),
+then one event per stream part: ``event: values|updates|messages|custom|...``
+(``|<namespace>`` for subgraphs; ``messages/partial`` and the like for the older
+messages form) with the part as JSON ``data`` and its log
 entry as ``id``, then ``event: error`` if the run failed. It closes after the run's last
 part. A ``Location`` header names the run's stream: the SDK reconnects there, with
 ``Last-Event-ID``, if the connection drops, and picks up where it left off, on any
@@ -57,14 +58,14 @@ def event_filter(stream_mode: Iterable[str] | None) -> frozenset[str] | None:
     return frozenset("messages" if m == "messages-tuple" else m for m in modes)
 
 
-def run_locations(run: RunRecord) -> dict[str, str]:
+def run_locations(run: RunRecord, then: str = "stream") -> dict[str, str]:
     """``Content-Location`` of the run (the SDK reads the run id from it) and
-    ``Location`` of its stream (where the SDK reconnects).
+    ``Location`` of its ``stream`` (or ``join``): where the SDK reconnects.
 
     The thread id is the client's: percent-encoded, a header can carry any of them.
     """
     path = f"/threads/{quote(run.thread_id, safe=_PATH_SAFE)}/runs/{run.run_id}"
-    return {"Content-Location": path, "Location": f"{path}/stream"}
+    return {"Content-Location": path, "Location": f"{path}/{then}"}
 
 
 def sse_response(
@@ -102,7 +103,7 @@ async def _frames(
     metadata: bool,
 ) -> AsyncIterator[bytes]:
     if metadata:
-        yield sse_frame("metadata", dumps({"run_id": run.run_id, "attempt": 1}))
+        yield sse_frame("metadata", dumps({"run_id": run.run_id, "attempt": run.attempt}))
     ended = False
     try:
         async with runs.relay.follow(run.run_id, after) as follower:

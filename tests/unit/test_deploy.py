@@ -203,14 +203,14 @@ def test_every_long_running_service_has_a_memory_limit_and_rotated_logs() -> Non
         assert 1 <= int(logging["options"]["max-file"]) <= 20, name
 
 
-def test_orchestrator_stop_grace_period_outlasts_its_graceful_shutdown() -> None:
+def test_orchestrator_stop_grace_period_outlasts_its_drain() -> None:
     """Given `docker compose stop` (SIGTERM, then SIGKILL after the grace period), then
-    the orchestrator has time to drain (uvicorn's graceful shutdown) and then to cancel
-    and record its runs, instead of Docker's default 10 s cutting it off."""
-    from orchestrator.server.app import GRACEFUL_SHUTDOWN
-
-    grace = seconds(services(SECRETS)["orchestrator"]["stop_grace_period"])
-    assert grace >= GRACEFUL_SHUTDOWN + 20
+    the orchestrator has its drain time and 10 s more to hand its runs on, instead of
+    Docker's default 10 s cutting it off."""
+    orchestrator = services(SECRETS)["orchestrator"]
+    drain = float(orchestrator["environment"]["TOOLFLEET_DRAIN_SECONDS"])
+    assert drain == Settings().drain_seconds
+    assert seconds(orchestrator["stop_grace_period"]) >= drain + 10
 
 
 def test_env_example_leaves_every_secret_empty_so_compose_refuses_it() -> None:
@@ -338,6 +338,8 @@ def test_every_setting_reaches_the_services_and_is_documented() -> None:
         "TOOLFLEET_WEBHOOK_TIMEOUT",
         "TOOLFLEET_WEBHOOK_ATTEMPTS",
         "TOOLFLEET_CORS_ORIGINS",
+        "TOOLFLEET_DRAIN_SECONDS",
+        "TOOLFLEET_RUN_ATTEMPTS",
     }
     example = env_example()
 

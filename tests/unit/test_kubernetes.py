@@ -154,6 +154,18 @@ def test_grace_periods_outlast_the_longest_call_of_each_kind(
         assert live["periodSeconds"] * live["failureThreshold"] > grace, kind
 
 
+def test_the_service_grace_period_outlasts_its_drain(
+    overlay: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """Given the service's Deployment, then its pods' grace period is the drain time (the
+    runs go on) and 10 s more (those still going are handed on to another replica)."""
+    _, resources = overlay
+    spec = pod_spec(resources, "toolfleet-serve")
+    (container,) = spec["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert spec["terminationGracePeriodSeconds"] >= float(env["TOOLFLEET_DRAIN_SECONDS"]) + 10
+
+
 def test_worker_probes_run_the_healthcheck_of_their_own_node(
     overlay: tuple[str, list[dict[str, Any]]],
 ) -> None:

@@ -328,6 +328,13 @@ class Settings(BaseSettings):
     429); default a quarter of ``max_runs``."""
     run_ttl: int = Field(default=604_800, gt=0)
     """Seconds a finished run's record and event log are kept in Redis."""
+    drain_seconds: float = Field(default=30.0, ge=0)
+    """Seconds a replica of the HTTP service told to stop (SIGTERM) lets its runs go on
+    before it hands those still running on to the other replicas; keep it below the
+    pod's ``terminationGracePeriodSeconds`` (or compose's ``stop_grace_period``)."""
+    run_attempts: int = Field(default=3, ge=1)
+    """Attempts of a run at most: the first, then takeovers by another replica when the
+    one running it went away; a run lost once more ends ``error``."""
     thread_ttl: int = Field(default=2_592_000, gt=0)
     """Seconds a thread's record is kept in Redis after its last change (its checkpoints
     are the checkpointer's to keep)."""

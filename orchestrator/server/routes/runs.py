@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 
+from orchestrator.server.encoding import dumps
 from orchestrator.server.errors import Conflict, NotFound, Unsupported
 from orchestrator.server.eventlog import parse_id
 from orchestrator.server.guards import runlist
@@ -39,6 +41,9 @@ _SSE: dict[int | str, dict[str, Any]] = {
 
 # -- starting runs ----------------------------------------------------------------------
 
+
+WAIT_HEARTBEAT = 5.0
+"""Seconds between the newlines that keep a ``wait`` or ``join`` connection open."""
 
 FROM_THE_START = "-1"
 
@@ -81,17 +86,15 @@ async def stream_stateless_run(svc: Svc, tenant: Tenant, body: RunCreate) -> Str
 
 
 @router.post("/threads/{thread_id}/runs/wait", responses=RUN_START)
-async def wait_run(
-    svc: Svc, tenant: Tenant, thread_id: NewThreadId, body: RunCreate, request: Request
-) -> Any:
+async def wait_run(svc: Svc, tenant: Tenant, thread_id: NewThreadId, body: RunCreate) -> Any:
     """Start a run on the thread and answer with the thread's values once it is done."""
-    return await _start_waiting(svc, tenant, thread_id, body, request)
+    return await _start_waiting(svc, tenant, thread_id, body)
 
 
 @router.post("/runs/wait", responses=RUN_START)
-async def wait_stateless_run(svc: Svc, tenant: Tenant, body: RunCreate, request: Request) -> Any:
+async def wait_stateless_run(svc: Svc, tenant: Tenant, body: RunCreate) -> Any:
     """Start a run on a new thread of its own and answer with its final values."""
-    return await _start_waiting(svc, tenant, None, body, request)
+    return await _start_waiting(svc, tenant, None, body)
 
 
 # -- existing runs ------------------------------------------------------------------------
@@ -139,14 +142,12 @@ async def join_run(
     tenant: Tenant,
     thread_id: ThreadId,
     run_id: RunId,
-    request: Request,
     cancel_on_disconnect: bool = False,
 ) -> Any:
     """Wait until the run is done; answer with the thread's values. With
     ``cancel_on_disconnect``, a client that leaves first cancels the run."""
     run = await svc.runs.get_run(tenant, thread_id, run_id)
-    run = await _wait_done(svc, run, request, cancel_on_disconnect=cancel_on_disconnect)
-    return json_response(await _final_values(svc, run))
+    return _waiting_response(svc, run, cancel_on_disconnect=cancel_on_disconnect)
 
 
 @router.get(
@@ -253,28 +254,40 @@ async def _start_streaming(
 
 
 async def _start_waiting(
-    svc: Services, tenant: str, thread_id: str | None, body: RunCreate, request: Request
+    svc: Services, tenant: str, thread_id: str | None, body: RunCreate
 ) -> Response:
     run = await svc.runs.start_run(tenant, thread_id, body)
-    cancel = body.on_disconnect == "cancel"
-    run = await _wait_done(svc, run, request, cancel_on_disconnect=cancel)
-    return json_response(await _final_values(svc, run), headers=run_locations(run))
+    return _waiting_response(svc, run, cancel_on_disconnect=body.on_disconnect == "cancel")
 
 
-async def _wait_done(
-    svc: Services, run: RunRecord, request: Request, *, cancel_on_disconnect: bool
-) -> RunRecord:
-    """The run once it is done; a client that leaves first cancels it if asked to."""
-    waiter = asyncio.create_task(svc.runs.wait_done(run))
-    try:
-        while not waiter.done():
-            await asyncio.wait({waiter}, timeout=1.0)
-            if cancel_on_disconnect and await request.is_disconnected():
+def _waiting_response(
+    svc: Services, run: RunRecord, *, cancel_on_disconnect: bool
+) -> StreamingResponse:
+    """What ``wait`` and ``join`` answer, as LangGraph's server does: the head at once
+    (``Location``: the run's join), a newline every :data:`WAIT_HEARTBEAT` seconds while
+    the run goes on, then the final values. A client whose connection is cut (a replica
+    that went away) reconnects to ``Location`` on another replica; one that leaves first
+    cancels the run if it asked to."""
+
+    async def body() -> AsyncIterator[bytes]:
+        waiter = asyncio.create_task(svc.runs.wait_done(run))
+        answered = False
+        try:
+            while not (await asyncio.wait({waiter}, timeout=WAIT_HEARTBEAT))[0]:
+                yield b"\n"  # leading whitespace: JSON readers skip it
+            try:
+                values = await _final_values(svc, waiter.result())
+            except NotFound as exc:
+                values = {"__error__": {"error": "NotFound", "message": str(exc)}}
+            answered = True
+            yield dumps(values)
+        finally:
+            waiter.cancel()
+            if cancel_on_disconnect and not answered:
                 svc.runs.cancel_soon(run)
-                break
-        return await waiter
-    finally:
-        waiter.cancel()
+
+    headers = {**run_locations(run, "join"), "Cache-Control": "no-store"}
+    return StreamingResponse(body(), media_type="application/json", headers=headers)
 
 
 async def _final_values(svc: Services, run: RunRecord) -> Any:
