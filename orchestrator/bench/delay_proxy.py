@@ -100,9 +100,7 @@ class DelayProxy:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         try:
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(*self.target), timeout=10
-            )
+            up_reader, up_writer = await self._connect()
         except (OSError, TimeoutError):
             writer.close()
             return
@@ -111,6 +109,10 @@ class DelayProxy:
             task = asyncio.ensure_future(self._pipe(src, dst, turn, upstream))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to the target, for one accepted connection."""
+        return await asyncio.wait_for(asyncio.open_connection(*self.target), timeout=10)
 
     async def _pipe(
         self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, turn: _Turn, upstream: bool

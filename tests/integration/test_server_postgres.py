@@ -13,32 +13,24 @@ import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote
 
-import psycopg
 import pytest
 from langgraph_sdk import get_client
 from langgraph_sdk.errors import ConflictError
 
-from tests.support.serving import ServerProcess, prefork_fleet, run, start_server, wait_for_states
+from tests.support.serving import (
+    ServerProcess,
+    database_url,
+    prefork_fleet,
+    run,
+    start_server,
+    wait_for_states,
+)
 from tool_workers.contract.settings import Settings
 
-__all__ = ["prefork_fleet"]  # the fixture, imported so pytest finds it here
+__all__ = ["database_url", "prefork_fleet"]  # fixtures, imported so pytest finds them here
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(scope="module")
-def database_url(postgres_url: str) -> Iterator[str]:
-    """A Postgres URL whose search path is a fresh schema (dropped afterwards)."""
-    base = postgres_url
-    schema = f"tft_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    separator = "&" if "?" in base else "?"
-    yield f"{base}{separator}options={quote(f'-csearch_path={schema}')}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 @pytest.fixture(scope="module")

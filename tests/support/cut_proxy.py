@@ -59,3 +59,26 @@ class CutProxy(DelayProxy):
         asyncio.run_coroutine_threadsafe(cut(), self._loop).result(timeout=10)
         time.sleep(down_for)
         self.down = False
+
+
+class BalancingProxy(DelayProxy):
+    """A load balancer in front of replicas: each connection goes to the next of
+    ``targets`` in turn, and to the one after it when that one refuses (a replica that
+    was killed or stopped listening)."""
+
+    def __init__(self, targets: list[tuple[str, int]]) -> None:
+        super().__init__(*targets[0], delay=0.0)
+        self.targets = targets
+        self._turn = 0
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        last: OSError | None = None
+        for _ in self.targets:
+            self._turn = (self._turn + 1) % len(self.targets)
+            try:
+                return await asyncio.wait_for(
+                    asyncio.open_connection(*self.targets[self._turn]), timeout=10
+                )
+            except OSError as exc:
+                last = exc
+        raise last or OSError("no target")

@@ -20,8 +20,10 @@ import uuid
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
+import psycopg
 import pytest
 import redis
 
@@ -170,6 +172,18 @@ def start_server(
         settings.model_copy(update=values), workdir, workdir / f"{name}.log", args=args
     )
     return server.start()
+
+
+@pytest.fixture(scope="module")
+def database_url(postgres_url: str) -> Iterator[str]:
+    """A PostgreSQL URL whose search path is a fresh schema (dropped afterwards)."""
+    schema = f"tft_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    separator = "&" if "?" in postgres_url else "?"
+    yield f"{postgres_url}{separator}options={quote(f'-csearch_path={schema}')}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 @pytest.fixture(scope="module")

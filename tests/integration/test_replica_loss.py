@@ -1,0 +1,339 @@
+"""A replica that goes away loses no run.
+
+Two replicas of ``toolfleet serve`` on one Redis and one PostgreSQL checkpointer, behind a
+proxy that sends each connection to the next replica in turn (and to the other when one
+refuses), as a Kubernetes Service would. The replica running a run is killed (SIGKILL: a
+node lost) or told to stop (SIGTERM: a rolling update) while the run's non-idempotent
+tool calls run on the workers, or while its model thinks. The other replica takes the
+run over from its checkpoint as attempt 2: each call runs once, the run ends
+``success``, and the client's stream, reconnecting through the proxy with its last event
+id, ends with the run's output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from langgraph_sdk import get_client
+
+from orchestrator.server.keys import Keys
+from tests.support.cut_proxy import BalancingProxy
+from tests.support.fleet import effects
+from tests.support.serving import ServerProcess, database_url, prefork_fleet, run, start_server
+from tool_workers.contract.settings import Settings
+
+__all__ = ["database_url", "prefork_fleet"]  # fixtures, imported so pytest finds them here
+
+pytestmark = [
+    pytest.mark.timeout(240),
+    # The SDK warns as it reconnects a join that a stopping replica cut: the point here.
+    pytest.mark.filterwarnings("ignore:Request failed, attempting reconnect:UserWarning"),
+]
+
+CALL_SECONDS = 6.0
+"""How long each tool call takes: the replica goes away while they run."""
+
+
+class Pair:
+    """Two replicas behind one proxy."""
+
+    def __init__(self, servers: list[ServerProcess], proxy: BalancingProxy, token: str) -> None:
+        self.servers = servers
+        self.proxy = proxy
+        self.token = token
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.proxy.url_host}"
+
+    def client(self) -> Any:
+        return get_client(url=self.url, api_key=self.token)
+
+    def running(self, replica: str) -> ServerProcess:
+        """The server whose replica id is ``replica`` (``<host>-<pid>-<suffix>``)."""
+        (found,) = [s for s in self.servers if s._proc and f"-{s._proc.pid}-" in replica]
+        return found
+
+    def kill(self, replica: str) -> None:
+        server = self.running(replica)
+        assert server._proc is not None
+        server._proc.kill()  # no goodbye: its leases, its thread hold, its stream all stay
+        server._proc.wait(10)
+
+    def terminate(self, replica: str) -> threading.Thread:
+        """SIGTERM the replica, in a thread of its own (it drains, then exits)."""
+        server = self.running(replica)
+        stopping = threading.Thread(target=server.stop, kwargs={"grace": 60}, daemon=True)
+        stopping.start()
+        return stopping
+
+
+@pytest.fixture
+def make_pair(
+    database_url: str, prefork_fleet: Settings, tmp_path: Path
+) -> Iterator[Callable[..., Pair]]:
+    """Two replicas behind a proxy, on the module's PostgreSQL schema unless
+    ``database_url=None`` (each its own SQLite file then), with 2 s of drain."""
+    token = f"tft-token-{uuid.uuid4().hex}"
+    servers: list[ServerProcess] = []
+    proxies: list[BalancingProxy] = []
+
+    def make(**overrides: Any) -> Pair:
+        shared = {"database_url": database_url, "api_tokens": (token,), "drain_seconds": 2.0}
+        shared.update(overrides)
+        # One after the other: the first creates the checkpoint tables.
+        for name in ("a", "b"):
+            servers.append(start_server(prefork_fleet, tmp_path / name, name, **shared))
+        proxies.append(BalancingProxy([("127.0.0.1", s.port) for s in servers]).start())
+        return Pair(servers, proxies[0], token)
+
+    try:
+        yield make
+    finally:
+        for proxy in proxies:
+            proxy.close()
+        for server in servers:
+            server.stop(grace=10)
+
+
+@pytest.fixture
+def pair(make_pair: Callable[..., Pair]) -> Pair:
+    return make_pair()
+
+
+def ask(*calls: tuple[str, dict[str, Any]], model_delay: float = 0.0) -> dict[str, Any]:
+    directive: dict[str, Any] = {"calls": [list(c) for c in calls]}
+    if model_delay:
+        directive["model_delay"] = model_delay
+    return {"messages": [{"role": "user", "content": json.dumps(directive)}]}
+
+
+def charges() -> dict[str, Any]:
+    """Three non-idempotent calls of :data:`CALL_SECONDS` each, at once."""
+    amounts = (11, 12, 13)
+    return ask(*(("charge", {"amount": a, "seconds": CALL_SECONDS}) for a in amounts))
+
+
+def charged(settings: Settings) -> dict[str, int]:
+    """How many times each ``charge`` call of the module's fleet really ran."""
+    client = redis.Redis.from_url(settings.own_redis_url)
+    try:
+        return effects(client, settings, "charge")
+    finally:
+        client.close()
+
+
+def ran_once(settings: Settings, before: dict[str, int], n: int) -> None:
+    """``n`` new calls ran, each once; those before ran no more."""
+    counts = charged(settings)
+    new = {k: v for k, v in counts.items() if k not in before}
+    assert len(new) == n and set(new.values()) == {1}, counts
+    assert {k: counts[k] for k in before} == before
+
+
+async def latest_attempt(c: Any, tid: str) -> int:
+    history = await c.threads.get_history(tid, limit=1)
+    return int(history[0]["metadata"].get("run_attempt", 0))
+
+
+async def stream_through(pair: Pair, payload: dict[str, Any], lose: str) -> dict[str, Any]:
+    """Stream a run through the proxy; once it is where it should be lost (its three
+    calls dispatched, or its model step begun), take its replica away (``kill`` or
+    ``terminate``). Returns what the client saw and what the servers say afterwards."""
+    async with pair.client() as c:
+        thread = await c.threads.create()
+        tid = thread["thread_id"]
+        parts: list[Any] = []
+        run_id = ""
+        stopping: threading.Thread | None = None
+        lost_at = 0.0
+        async for part in c.runs.stream(
+            tid, "agent", input=payload, stream_mode=["values", "custom"]
+        ):
+            parts.append(part)
+            if part.event == "metadata":
+                run_id = part.data["run_id"]
+            if lost_at:
+                continue
+            events = [p.data["toolfleet"]["event"] for p in parts if p.event == "custom"]
+            in_model = "model_delay" in json.dumps(payload) and part.event == "values"
+            if events.count("started") == 3 or in_model:
+                replica = (await c.runs.get(tid, run_id))["replica"]
+                if lose == "kill":
+                    await asyncio.to_thread(pair.kill, replica)
+                else:
+                    stopping = pair.terminate(replica)
+                lost_at = time.monotonic()
+        ended_after = time.monotonic() - lost_at
+        final = await c.runs.get(tid, run_id)
+        state = await c.threads.get_state(tid)
+        attempt = await latest_attempt(c, tid)
+        thread_after = await c.threads.get(tid)
+    if stopping is not None:
+        await asyncio.to_thread(stopping.join, 60)
+    return {
+        "parts": parts,
+        "run": final,
+        "state": state,
+        "attempt": attempt,
+        "thread": thread_after,
+        "ended_after": ended_after,
+        "lost": bool(lost_at),
+    }
+
+
+def assert_finished_once(
+    seen: dict[str, Any], settings: Settings, before: dict[str, int], calls: int
+) -> None:
+    assert seen["lost"], "the run ended before its replica could be taken away"
+    assert seen["run"]["status"] == "success", seen["run"]
+    assert seen["attempt"] == 2, seen["attempt"]
+    assert seen["thread"]["status"] == "idle", seen["thread"]
+    answer = seen["state"]["values"]["messages"][-1]["content"]
+    assert answer.startswith(f"done: {calls} results"), answer
+    assert "cancelled" not in json.dumps(seen["state"]["values"]), seen["state"]["values"]
+    values = [p.data for p in seen["parts"] if p.event == "values"]
+    assert values and values[-1] == seen["state"]["values"]  # the stream ended with the output
+    assert not [p for p in seen["parts"] if p.event == "error"], seen["parts"]
+    ran_once(settings, before, calls)
+
+
+def test_a_streamed_run_whose_replica_is_killed_mid_call_is_taken_over(
+    pair: Pair, prefork_fleet: Settings
+) -> None:
+    """Given a streamed run whose three non-idempotent calls run on the workers, when its
+    replica is SIGKILLed, then the other replica takes it over as attempt 2 within the
+    lease, attaches to the three calls, and the run ends success with each call run
+    once; the client's stream, reconnected through the proxy, ends with the output."""
+    before = charged(prefork_fleet)
+    seen = run(stream_through(pair, charges(), "kill"))
+
+    assert_finished_once(seen, prefork_fleet, before, 3)
+    print(f"\n[replica killed mid-call] the stream ended {seen['ended_after']:.1f} s later")
+
+
+def test_a_streamed_run_whose_replica_is_stopped_mid_call_is_handed_on(
+    pair: Pair, prefork_fleet: Settings
+) -> None:
+    """Given a streamed run whose three calls run on the workers, when its replica gets
+    SIGTERM (a rolling update, 2 s of drain), then the run is handed on, not cancelled:
+    no call is revoked or run twice, no "cancelled" result is written, and the run ends
+    success on the other replica; the stopped replica exits within its drain and
+    the handing on."""
+    before = charged(prefork_fleet)
+    seen = run(stream_through(pair, charges(), "terminate"))
+
+    assert_finished_once(seen, prefork_fleet, before, 3)
+    stopped = [s for s in pair.servers if s._proc is None]
+    # It exited of itself (uvicorn ends on the signal it got), not killed after its grace.
+    assert len(stopped) == 1 and stopped[0].returncode == -15, [s.returncode for s in stopped]
+    print(f"\n[replica stopped mid-call] the stream ended {seen['ended_after']:.1f} s later")
+
+
+@pytest.mark.parametrize("lose", ["kill", "terminate"])
+def test_a_background_run_lost_in_its_model_step_completes(
+    pair: Pair, prefork_fleet: Settings, lose: str
+) -> None:
+    """Given a background run (``runs.create``) whose model step takes 4 s, when its
+    replica is taken away during it, then another replica runs the step again from the
+    run's input checkpoint and the run completes: a join through the proxy answers its
+    output, its one call ran once, and ``runs.list`` shows it success."""
+
+    async def scenario() -> dict[str, Any]:
+        async with pair.client() as c:
+            thread = await c.threads.create()
+            tid = thread["thread_id"]
+            created = await c.runs.create(
+                tid, "agent", input=ask(("charge", {"amount": 7, "seconds": 1}), model_delay=4)
+            )
+            await asyncio.sleep(1.5)  # in the model step (its input is checkpointed)
+            if lose == "kill":
+                await asyncio.to_thread(pair.kill, created["replica"])
+                stopping = None
+            else:
+                stopping = pair.terminate(created["replica"])
+            joined = await c.runs.join(tid, created["run_id"])
+            listed = await c.runs.list(tid)
+            attempt = await latest_attempt(c, tid)
+        if stopping is not None:
+            await asyncio.to_thread(stopping.join, 60)
+        return {"joined": joined, "listed": listed, "attempt": attempt}
+
+    before = charged(prefork_fleet)
+    seen = run(scenario())
+
+    assert seen["joined"]["messages"][-1]["content"].startswith("done: 1 results: charged 7")
+    assert [r["status"] for r in seen["listed"]] == ["success"]
+    assert seen["attempt"] == 2
+    ran_once(prefork_fleet, before, 1)
+
+
+@pytest.mark.parametrize(
+    "why",
+    [
+        pytest.param({"database_url": None}, id="checkpoints-not-shared"),
+        pytest.param({"run_attempts": 1}, id="attempts-used-up"),
+    ],
+)
+def test_a_lost_run_that_cannot_go_on_ends_error_and_frees_its_thread(
+    make_pair: Callable[..., Pair], prefork_fleet: Settings, why: dict[str, Any]
+) -> None:
+    """Given replicas whose runs cannot be taken over (each with a SQLite file of its
+    own, or one attempt per run), when the replica running a background run is killed
+    in its calls, then another replica ends the run ``error`` within the lease, saying
+    why, while nobody reads it (its record is watched in Redis, not through the API);
+    its thread is free then, and a stream joined afterwards ends with that error."""
+    pair = make_pair(**why)
+    before = charged(prefork_fleet)
+    records = redis.Redis.from_url(prefork_fleet.own_redis_url, decode_responses=True)
+
+    async def start() -> tuple[str, dict[str, Any]]:
+        async with pair.client() as c:
+            thread = await c.threads.create()
+            return thread["thread_id"], await c.runs.create(
+                thread["thread_id"], "agent", input=charges()
+            )
+
+    async def afterwards(tid: str, run_id: str) -> dict[str, Any]:
+        async with pair.client() as c:
+            return {
+                "run": await c.runs.get(tid, run_id),
+                "thread": await c.threads.get(tid),
+                "parts": [p async for p in c.runs.join_stream(tid, run_id)],
+            }
+
+    try:
+        tid, created = run(start())
+        wait_until(lambda: len(charged(prefork_fleet)) - len(before) == 3, 30)
+        pair.kill(created["replica"])
+        killed_at = time.monotonic()
+        record = Keys(prefork_fleet.key_prefix).run(created["run_id"])
+        wait_until(lambda: records.hget(record, "status") == "error", 40)
+        ended_after = time.monotonic() - killed_at
+    finally:
+        records.close()
+    seen = run(afterwards(tid, created["run_id"]))
+
+    print(f"\n[lost run that cannot go on] ended error {ended_after:.1f} s after the kill")
+    assert seen["run"]["error"]["error"] == "RunLost", seen["run"]
+    reason = "PostgreSQL" if "database_url" in why else "attempts are used up"
+    assert reason in seen["run"]["error"]["message"], seen["run"]["error"]
+    assert seen["thread"]["status"] == "error", seen["thread"]
+    errors = [p for p in seen["parts"] if p.event == "error"]
+    assert [e.data["error"] for e in errors] == ["RunLost"], seen["parts"]
+
+
+def wait_until(check: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout:g} s"
+        time.sleep(0.2)
