@@ -262,9 +262,8 @@ class RunManager(RunLookup):
         if checkpointed:  # its input is in: it goes on from its thread's checkpoint
             keep = {"input": None, "command": None, "checkpoint": None, "checkpoint_id": None}
             body = body.model_copy(update={**keep, "after_seconds": None})
-        if not held:  # back in line, at its head, to hold its thread again
-            await self.store.leave_queue(run.thread_key, run_id)
-            await self.store.enqueue(run.thread_key, run_id, first=True)
+        if not held:  # in line again to hold its thread
+            await self.store.back_in_line(run.thread_key, run_id)
         self._launch(run, body, source, held)
 
     def _why_not_resumed(self, run: RunRecord, checkpointed: bool) -> str | None:

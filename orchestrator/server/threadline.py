@@ -38,6 +38,16 @@ if ARGV[2] == 'release' then return redis.call('DEL', KEYS[1]) end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 """
 
+_BACK_IN_LINE = """
+-- KEYS: queue, the run's alive key. ARGV: run id, ttl ms, queue ttl s.
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+if not redis.call('LPOS', KEYS[1], ARGV[1]) then
+  redis.call('LPUSH', KEYS[1], ARGV[1])
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+end
+return 1
+"""
+
 
 class ThreadLine:
     """The thread lock and queue, a part of :class:`~orchestrator.server.store.Store`."""
@@ -49,6 +59,7 @@ class ThreadLine:
     def _register_line_scripts(self, client: aioredis.Redis) -> None:
         self._admit = client.register_script(_ADMIT)
         self._if_holder = client.register_script(_IF_HOLDER)
+        self._back_in_line = client.register_script(_BACK_IN_LINE)
 
     async def admit(self, thread_id: str, run_id: str) -> bool:
         """Let the run hold the thread if it is free and the run is first in line."""
@@ -71,6 +82,15 @@ class ThreadLine:
                 pipe.rpush(keys.thread_queue(thread_id), run_id)
             pipe.expire(keys.thread_queue(thread_id), self._thread_ttl)
             await pipe.execute()
+
+    async def back_in_line(self, thread_id: str, run_id: str) -> None:
+        """Keep a run taken over from another replica in the thread's line: where it
+        waits, if it still does; at the head, if it had the thread (or was dropped)."""
+        keys = self._keys
+        await self._back_in_line(
+            keys=[keys.thread_queue(thread_id), keys.run_alive(run_id)],
+            args=[run_id, LOCK_TTL_MS, self._thread_ttl],
+        )
 
     async def still_waiting(self, run_id: str) -> None:
         """Renew the mark that the run's replica still waits to start it."""

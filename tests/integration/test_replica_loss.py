@@ -337,3 +337,39 @@ def wait_until(check: Callable[[], bool], timeout: float) -> None:
     while not check():
         assert time.monotonic() < deadline, f"not within {timeout:g} s"
         time.sleep(0.2)
+
+
+def test_a_killed_replicas_queued_run_waits_its_turn_on_the_other(
+    pair: Pair, prefork_fleet: Settings
+) -> None:
+    """Given a thread whose run is in its calls and a second run queued behind it, both
+    on replica A, when A is SIGKILLed, then B takes both over: the first goes on from
+    its checkpoint, the second keeps its place in line and runs after it, and each of
+    the four calls runs once."""
+    a = pair.servers[0]
+    before = charged(prefork_fleet)
+
+    async def scenario() -> dict[str, Any]:
+        async with get_client(url=a.url, api_key=pair.token) as on_a:
+            thread = await on_a.threads.create()
+            tid = thread["thread_id"]
+            first = await on_a.runs.create(tid, "agent", input=charges())
+            second = await on_a.runs.create(
+                tid, "agent", input=ask(("charge", {"amount": 21, "seconds": 0.5}))
+            )
+        await asyncio.to_thread(
+            wait_until, lambda: len(charged(prefork_fleet)) - len(before) == 3, 30
+        )
+        await asyncio.to_thread(pair.kill, first["replica"])
+        async with pair.client() as c:
+            joined = [await c.runs.join(tid, r["run_id"]) for r in (first, second)]
+            runs = {r["run_id"]: r for r in await c.runs.list(tid)}
+        return {"joined": joined, "first": runs[first["run_id"]], "second": runs[second["run_id"]]}
+
+    seen = run(scenario())
+
+    assert seen["first"]["status"] == seen["second"]["status"] == "success"
+    assert seen["first"]["updated_at"] <= seen["second"]["updated_at"]
+    assert seen["joined"][0]["messages"][-1]["content"].startswith("done: 3 results")
+    assert seen["joined"][1]["messages"][-1]["content"] == "done: 1 results: charged 21 (run 1)"
+    ran_once(prefork_fleet, before, 4)
