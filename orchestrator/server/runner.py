@@ -51,10 +51,14 @@ from orchestrator.server.webhooks import WebhookSender, cancelled_error, final_v
 log = logging.getLogger("toolfleet.server")
 
 ADMIT_POLL = 0.1
+"""Seconds between attempts of a queued run to take its thread."""
+
+LEASE_SELF_STOP = 0.8
+"""The share of its lease's time after which a replica that could not renew it stops
+the run itself (before it lapses and another replica takes the run over)."""
 
 DISCONNECTED = "client disconnected from the run stream (on_disconnect=cancel)"
 """Why a run whose client left is cancelled (LangGraph's server's words)."""
-"""Seconds between attempts of a queued run to take its thread."""
 
 
 class Drain:
@@ -210,16 +214,34 @@ class RunManager(RunLookup):
     # -- leases and takeovers ------------------------------------------------------------
 
     async def _keep_leases(self) -> None:
+        renewed = time.monotonic()
         while True:
             await asyncio.sleep(LEASE_RENEW)
+            sent = time.monotonic()
             try:
-                lost = await self.leases.renew(list(self._tasks))
-                self._stop_here(lost, "its lease lapsed and another replica took it over")
-                if self.drain.began is None:
-                    for run_id, former in await self.leases.claim(self.max_runs - self.active):
-                        await self.take_over(run_id, former)
+                renewal = self.leases.renew(list(self._tasks))
+                lost = await asyncio.wait_for(renewal, timeout=LEASE_RENEW)
+            except (RedisError, OSError, TimeoutError) as exc:
+                log.warning("could not renew the run leases (%r)", exc)
+                # Before they lapse, this replica's runs stop here: another one takes
+                # them over, and two replicas never go on with one run.
+                if time.monotonic() - renewed > LEASE_SELF_STOP * self.leases.ttl_ms / 1000:
+                    self._stop_here(list(self._tasks), "its lease could not be renewed")
+                continue
+            renewed = sent  # the leases last at least their time from here
+            self._stop_here(lost, "its lease lapsed and another replica took it over")
+            if self.drain.began is not None:
+                continue
+            try:
+                claimed = await self.leases.claim(self.max_runs - self.active)
             except (RedisError, OSError) as exc:
-                log.warning("could not keep the run leases (%r)", exc)
+                log.warning("could not look for lapsed run leases (%r)", exc)
+                continue
+            for run_id, former in claimed:
+                try:
+                    await self.take_over(run_id, former)
+                except Exception:  # its lease lapses again: a replica tries again then
+                    log.exception("could not take over run %s", run_id)
 
     async def take_over(self, run_id: str, former: str) -> None:
         """Go on with a run whose lease this replica just claimed from ``former``: as its

@@ -20,13 +20,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
 from langgraph_sdk import get_client
 
+from orchestrator.bench.links import proxied
 from orchestrator.server.keys import Keys
-from tests.support.cut_proxy import BalancingProxy
+from tests.support.cut_proxy import BalancingProxy, CutProxy
 from tests.support.fleet import effects
 from tests.support.serving import ServerProcess, database_url, prefork_fleet, run, start_server
 from tool_workers.contract.settings import Settings
@@ -373,3 +375,58 @@ def test_a_killed_replicas_queued_run_waits_its_turn_on_the_other(
     assert seen["joined"][0]["messages"][-1]["content"].startswith("done: 3 results")
     assert seen["joined"][1]["messages"][-1]["content"] == "done: 1 results: charged 21 (run 1)"
     ran_once(prefork_fleet, before, 4)
+
+
+def test_a_replica_cut_off_from_redis_stops_its_run_before_another_takes_it_over(
+    database_url: str, prefork_fleet: Settings, tmp_path: Path
+) -> None:
+    """Given replica A whose Redis link goes through a proxy, in the 12 s model step of a
+    run, when A's link is cut for 25 s, then A stops the run itself before its lease
+    lapses (its log says so) and writes no checkpoint after B took the run over: B runs
+    the step again and ends the run success, its call run once, and A, back on its
+    link, writes nothing more to the run."""
+    token = f"tft-token-{uuid.uuid4().hex}"
+    shared = {"database_url": database_url, "api_tokens": (token,)}
+    url = urlsplit(prefork_fleet.own_redis_url)
+    before = charged(prefork_fleet)
+    slow_model = ask(("charge", {"amount": 5, "seconds": 0.5}), model_delay=12)
+    with CutProxy(url.hostname or "127.0.0.1", url.port or 6379) as link:
+        through = proxied(prefork_fleet.own_redis_url, link.port)
+        a = start_server(prefork_fleet, tmp_path / "a", "a", broker_url=through, **shared)
+        b = start_server(prefork_fleet, tmp_path / "b", "b", **shared)
+        try:
+
+            async def start() -> tuple[str, dict[str, Any]]:
+                async with get_client(url=a.url, api_key=token) as on_a:
+                    tid = (await on_a.threads.create())["thread_id"]
+                    return tid, await on_a.runs.create(tid, "agent", input=slow_model)
+
+            tid, created = run(start())
+            time.sleep(1.5)  # in the model step, its input checkpointed
+            link.cut()
+            cut_at = time.monotonic()
+
+            async def on_b() -> tuple[Any, Any, Any]:
+                async with get_client(url=b.url, api_key=token) as c:
+                    joined = await c.runs.join(tid, created["run_id"])
+                    history = await c.threads.get_history(tid, limit=100)
+                    return joined, await c.runs.get(tid, created["run_id"]), history
+
+            joined, ended, _ = run(on_b())
+            ended_after = time.monotonic() - cut_at
+            time.sleep(max(0.0, 25 - ended_after))
+            link.heal()
+            time.sleep(6)  # A's lease loop runs again on its link
+            _, after, history = run(on_b())
+        finally:
+            b.stop(grace=10)
+            a.stop(grace=10)
+
+    print(f"\n[replica cut off] the run ended {ended_after:.1f} s after the cut, on the other")
+    assert "stops here: its lease could not be renewed" in a.log(), a.log()[-3000:]
+    assert ended["status"] == "success" and ended["replica"] != created["replica"], ended
+    assert joined["messages"][-1]["content"] == "done: 1 results: charged 5 (run 1)"
+    assert after["updated_at"] == ended["updated_at"] and after["status"] == "success"
+    attempts = [h["metadata"].get("run_attempt") for h in history]  # newest first
+    assert attempts == sorted(attempts, reverse=True) and attempts[0] == 2, attempts
+    ran_once(prefork_fleet, before, 1)
