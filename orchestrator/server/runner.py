@@ -149,6 +149,10 @@ class RunManager(RunLookup):
         self.shared_checkpoints = shared_checkpoints
         self._handed: set[str] = set()
         self._lease_loop: asyncio.Task[None] | None = None
+        self.takeovers = {"resumed": 0, "lost": 0}
+        """Runs of lapsed leases this replica went on with, or ended ``RunLost``."""
+        self.handed_on = 0
+        """Runs this replica stopped for another to go on with (drain, a lost lease)."""
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -197,6 +201,7 @@ class RunManager(RunLookup):
             if task is None:
                 continue
             log.warning("run %s stops here: %s", run_id, why)
+            self.handed_on += 1
             self._handed.add(run_id)
             HANDED_ON.add(run_id)
             task.cancel()
@@ -278,9 +283,11 @@ class RunManager(RunLookup):
             f": it cannot go on ({why})" if why else "",
         )
         if why is not None or source is None:
+            self.takeovers["lost"] += 1
             error = {"error": "RunLost", "message": f"replica {former} went away: {why}"}
             await self._finish(run, body, "error", error, held, run.temporary)
             return
+        self.takeovers["resumed"] += 1
         if checkpointed:  # its input is in: it goes on from its thread's checkpoint
             keep = {"input": None, "command": None, "checkpoint": None, "checkpoint_id": None}
             body = body.model_copy(update={**keep, "after_seconds": None})

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 import redis
 from langgraph_sdk import get_client
@@ -220,6 +221,9 @@ def test_a_streamed_run_whose_replica_is_killed_mid_call_is_taken_over(
     seen = run(stream_through(pair, charges(), "kill"))
 
     assert_finished_once(seen, prefork_fleet, before, 3)
+    (survivor,) = [s for s in pair.servers if s._proc and s._proc.poll() is None]
+    scraped = httpx.get(f"{survivor.url}/metrics", timeout=10).text
+    assert 'toolfleet_server_runs_taken_over_total{outcome="resumed"} 1.0' in scraped
     print(f"\n[replica killed mid-call] the stream ended {seen['ended_after']:.1f} s later")
 
 
@@ -235,6 +239,9 @@ def test_a_streamed_run_whose_replica_is_stopped_mid_call_is_handed_on(
     seen = run(stream_through(pair, charges(), "terminate"))
 
     assert_finished_once(seen, prefork_fleet, before, 3)
+    (survivor,) = [s for s in pair.servers if s._proc is not None]
+    scraped = httpx.get(f"{survivor.url}/metrics", timeout=10).text
+    assert 'toolfleet_server_runs_taken_over_total{outcome="resumed"} 1.0' in scraped
     stopped = [s for s in pair.servers if s._proc is None]
     # It exited of itself (uvicorn ends on the signal it got), not killed after its grace.
     assert len(stopped) == 1 and stopped[0].returncode == -15, [s.returncode for s in stopped]

@@ -63,6 +63,9 @@ def test_metrics_show_runs_calls_and_their_timings(server: ServerProcess) -> Non
     assert idle[("toolfleet_server_runs_queued", ())] == 0
     assert idle[("toolfleet_server_calls_in_flight", ())] == 0
     assert idle[("toolfleet_server_redis_data_lost_total", ())] == 0
+    assert idle[("toolfleet_server_runs_handed_on_total", ())] == 0
+    for outcome in ("resumed", "lost"):
+        assert idle[("toolfleet_server_runs_taken_over_total", (("outcome", outcome),))] == 0
     assert idle[("toolfleet_server_runs_max", ())] == server.settings.max_runs
     assert ("toolfleet_server_call_result_wait_seconds_count", key) not in idle
 

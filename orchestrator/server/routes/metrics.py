@@ -8,6 +8,10 @@ tokens); it shows counts and timings, never a run's content. Series::
                                           ``after_seconds``)
     toolfleet_server_runs_max             TOOLFLEET_MAX_RUNS
     toolfleet_server_calls_in_flight      tool calls this replica waits on
+    toolfleet_server_runs_taken_over_total{outcome}  runs of replicas that went away taken
+                                          over: ``resumed`` or ``lost`` (ended RunLost)
+    toolfleet_server_runs_handed_on_total runs stopped here for another replica to go on
+                                          with (a drain, a lease lost or not renewed)
     toolfleet_server_redis_data_lost_total  losses of toolfleet's records in Redis this
                                           replica noticed (:mod:`tool_workers.contract.epoch`)
     toolfleet_server_call_dispatch_to_start_seconds{tool}   histogram: from publishing a
@@ -136,6 +140,21 @@ class _Gauges:
             "toolfleet_server_calls_in_flight",
             "Tool calls this replica waits on.",
             self._svc.dispatcher.in_flight(),
+        )
+        taken = CounterMetricFamily(
+            "toolfleet_server_runs_taken_over",
+            "Runs of replicas that went away this replica took over: resumed from their "
+            "checkpoint, or lost (ended RunLost: no shared checkpoints, attempts used up).",
+            labels=["outcome"],
+        )
+        for outcome, count in runs.takeovers.items():
+            taken.add_metric([outcome], count)
+        yield taken
+        yield CounterMetricFamily(
+            "toolfleet_server_runs_handed_on",
+            "Runs this replica stopped for another replica to go on with (a drain, a "
+            "lease it lost or could not renew).",
+            value=runs.handed_on,
         )
         yield CounterMetricFamily(
             "toolfleet_server_redis_data_lost",
