@@ -48,7 +48,9 @@ def worker_series(tmp_path: Path) -> set[str]:
 
 
 def server_series() -> set[str]:
-    runs = SimpleNamespace(running=0, active=0, max_runs=1)
+    runs = SimpleNamespace(
+        running=0, active=0, max_runs=1, takeovers={"resumed": 0, "lost": 0}, handed_on=0
+    )
     svc = SimpleNamespace(
         runs=runs, dispatcher=SimpleNamespace(in_flight=lambda: 0, data_losses=lambda: 0)
     )
