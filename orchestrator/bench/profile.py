@@ -7,9 +7,13 @@ prints the functions where the samples fall, by self and by inclusive time::
 
     python -m orchestrator.bench.profile latency-sync --seconds 15
     python -m orchestrator.bench.profile fanout-async --n 500 --target worker
+    python -m orchestrator.bench.profile fanout-async --target worker --pool prefork \
+        --concurrency 4 --tool echo --n 200
 
 Workloads: ``latency-sync``, ``latency-async`` (one ``echo`` call, whole agent run),
-``fanout-sync``, ``fanout-async`` (N calls of ``sleep(0.5 s)`` in one AIMessage).
+``fanout-sync``, ``fanout-async`` (N calls of ``sleep(0.5 s)`` in one AIMessage, or of
+``echo`` with ``--tool echo``). With ``--pool prefork`` and ``--target worker`` the
+worker's pool processes are sampled beside its main process (scenario g's setup).
 Samples are of threads on CPU (py-spy leaves idle threads out), so percentages are of
 the CPU the target spent, across all its threads.
 """
@@ -105,6 +109,18 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--target", choices=["orchestrator", "worker"], default="orchestrator")
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument(
+        "--pool",
+        choices=["threads", "prefork"],
+        default="threads",
+        help="the worker's pool (prefork: its pool processes are sampled too)",
+    )
+    parser.add_argument(
+        "--tool",
+        choices=["sleep", "echo"],
+        default="sleep",
+        help="what a fan-out calls (echo: scenario g's call, no wait)",
+    )
     parser.add_argument("--concurrency", type=int, default=600)
     parser.add_argument("--out", type=Path, help="keep the raw py-spy profile here")
     args = parser.parse_args()
@@ -112,13 +128,16 @@ def main() -> int:
     mode = args.workload.split("-")[1]
     with tempfile.TemporaryDirectory() as tmp, BenchFleet(Path(tmp)) as fleet:
         settings = fleet.settings("profile")
-        workers = fleet.start_workers(settings, args.workers, concurrency=args.concurrency)
+        workers = fleet.start_workers(
+            settings, args.workers, pool=args.pool, concurrency=args.concurrency
+        )
         dispatcher = fleet.dispatcher(settings)
         calls: list[tuple[str, dict[str, Any]]]
         if args.workload.startswith("latency"):
             calls, expected = [("echo", {"text": "hi"})], 1
         else:
-            calls, expected = [("sleep", {"seconds": 0.5})] * args.n, args.n
+            call = ("echo", {"text": "hi"}) if args.tool == "echo" else ("sleep", {"seconds": 0.5})
+            calls, expected = [call] * args.n, args.n
         agent = fleet_agent(one_turn_model(calls), dispatcher)
         runner = Runner()
         for _ in range(3):
@@ -128,6 +147,8 @@ def main() -> int:
         raw = args.out or Path(tmp) / "profile.txt"
         command = [_py_spy(), "record", "--pid", str(pid), "--duration", str(int(args.seconds))]
         command += ["--rate", str(args.rate), "--format", "raw", "--threads", "--gil"]
+        if args.target == "worker" and args.pool == "prefork":
+            command.append("--subprocesses")
         spy = subprocess.Popen([*command, "--output", str(raw)], stdout=subprocess.DEVNULL)
         done = threading.Event()
 

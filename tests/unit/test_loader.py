@@ -12,9 +12,16 @@ import textwrap
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Annotated, Any
 
 import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import InjectedToolArg, StructuredTool, tool
+from langchain_core.tools import base as tools_base
+from pydantic import BaseModel, ValidationError
 
+from tool_workers.compat.langchain_core import memoize_introspection
 from tool_workers.contract.errors import ToolLoadError
 from tool_workers.contract.settings import Settings
 from tool_workers.runtime.loader import load_tools
@@ -273,3 +280,57 @@ def test_given_a_loaded_tool_then_its_run_methods_hints_are_evaluated_once_and_u
         ).content
         == "hi"
     )
+
+
+def test_memoized_introspection_keeps_what_a_tool_call_does() -> None:
+    """With langchain-core's per-call introspection read once (memoize_introspection),
+    a tool still gets its config and callbacks, injected arguments still stay out of its
+    callbacks' inputs, and its arguments are still validated, call after call."""
+
+    class Inputs(BaseModel):
+        n: int
+        secret: Annotated[str, InjectedToolArg]
+
+    def count(n: int, secret: str, config: RunnableConfig, callbacks: Any = None) -> str:
+        """Count, saying what it was given."""
+        tag = (config.get("metadata") or {}).get("tag")
+        return f"{n}:{secret}:{tag}:{callbacks is not None}"
+
+    counted = StructuredTool.from_function(count, name="count", args_schema=Inputs)
+
+    @tool
+    def plain(text: str) -> str:
+        """Echo."""
+        return text
+
+    class Inputs2(Inputs):
+        extra: str = "x"
+
+    seen: list[Any] = []
+
+    class Handler(BaseCallbackHandler):
+        def on_tool_start(self, serialized: Any, input_str: str, **kwargs: Any) -> None:
+            seen.append(kwargs.get("inputs"))
+
+    def run_all() -> list[Any]:
+        config: RunnableConfig = {"metadata": {"tag": "t"}, "callbacks": [Handler()]}
+        out: list[Any] = []
+        for _ in range(2):
+            out.append(counted.invoke({"n": 3, "secret": "s"}, config))
+            out.append(plain.invoke({"text": "hi"}, config))
+            out.append(tools_base.get_all_basemodel_annotations(Inputs2))
+            with pytest.raises(ValidationError):
+                counted.invoke({"n": "not a number", "secret": "s"})
+        out.append(list(seen))
+        seen.clear()
+        return out
+
+    before = run_all()
+    memoize_introspection()
+    memoize_introspection()  # idempotent: wraps langchain-core's own functions once
+    after = run_all()
+
+    assert after == before
+    assert before[0] == "3:s:t:True"
+    assert before[1] == "hi"
+    assert before[-1] == [{"n": 3}, {"text": "hi"}] * 2

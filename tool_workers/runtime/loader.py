@@ -23,7 +23,7 @@ from typing import Any
 
 from langchain_core.tools import BaseTool
 
-from tool_workers.compat.langchain_core import run_methods
+from tool_workers.compat.langchain_core import memoize_introspection, run_methods
 from tool_workers.contract.errors import ToolLoadError
 from tool_workers.contract.settings import Settings
 from tool_workers.contract.toolnames import MODULE, mcp_source
@@ -67,6 +67,8 @@ def load_tools(settings: Settings) -> list[BaseTool]:
     tools = [tool for _, tool in found.values()]
     for tool in tools:
         resolve_annotations(tool)
+    # Each call then finds the signatures and schema annotations read already.
+    memoize_introspection()
     return tools
 
 
