@@ -65,10 +65,11 @@ from orchestrator.server.routes import (
     thread_stream,
     threads,
 )
-from orchestrator.server.runner import Drain, RunManager
+from orchestrator.server.runner import RunManager
 from orchestrator.server.services import Services
 from orchestrator.server.store import Store
 from orchestrator.server.streamquota import StreamQuota
+from orchestrator.server.takeover import Drain
 from orchestrator.server.tenancy import call_gate, tenant_key, tenant_quota
 from orchestrator.server.webhooks import WebhookSender
 from tool_workers.contract.connections import async_redis_client
