@@ -151,11 +151,6 @@ class RunManager(RunTakeover):
         await self.control.close()
 
     @property
-    def active(self) -> int:
-        """Runs this replica is executing or about to."""
-        return len(self._tasks) + self._reserved
-
-    @property
     def running(self) -> int:
         """Runs whose graph is executing (the others of :attr:`active` wait to start)."""
         return len(self._running)

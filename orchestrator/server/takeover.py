@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -78,24 +79,15 @@ class RunTakeover(RunLookup):
     _checkpointer: BaseCheckpointSaver[Any]
     _handed: set[str]
 
+    _reserved: int
+    # RunManager's own, used here: starting a run's task, and recording a run's end.
+    _launch: Callable[[RunRecord, RunCreate, GraphSource, bool], None]
+    _finish: Callable[..., Awaitable[None]]
+
     @property
     def active(self) -> int:
         """Runs this replica is executing or about to."""
-        raise NotImplementedError
-
-    def _launch(self, run: RunRecord, body: RunCreate, source: GraphSource, held: bool) -> None:
-        raise NotImplementedError
-
-    async def _finish(
-        self,
-        run: RunRecord,
-        body: RunCreate,
-        status: str,
-        error: dict[str, Any] | None,
-        held: bool,
-        temporary: bool,
-    ) -> None:
-        raise NotImplementedError
+        return len(self._tasks) + self._reserved
 
     async def hand_on(self, run_ids: list[str]) -> None:
         """Stop these runs of this replica without ending them: their leases lapse at
