@@ -244,7 +244,7 @@ def test_a_streamed_run_whose_replica_is_stopped_mid_call_is_handed_on(
     assert 'toolfleet_server_runs_taken_over_total{outcome="resumed"} 1.0' in scraped
     stopped = [s for s in pair.servers if s._proc is None]
     # It exited of itself (uvicorn ends on the signal it got), not killed after its grace.
-    assert len(stopped) == 1 and stopped[0].returncode == -15, [s.returncode for s in stopped]
+    assert len(stopped) == 1 and stopped[0].returncode in (0, -15), [s.returncode for s in stopped]
     print(f"\n[replica stopped mid-call] the stream ended {seen['ended_after']:.1f} s later")
 
 

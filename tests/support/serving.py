@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
-import psycopg
 import pytest
 import redis
 
@@ -177,6 +176,8 @@ def start_server(
 @pytest.fixture(scope="module")
 def database_url(postgres_url: str) -> Iterator[str]:
     """A PostgreSQL URL whose search path is a fresh schema (dropped afterwards)."""
+    import psycopg  # the postgres extra's: the server extra's tests import this module
+
     schema = f"tft_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
