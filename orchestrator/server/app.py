@@ -131,6 +131,8 @@ def create_app(
             )
             app.state.cron_beat = beat
             beat.start()
+            if drain is not None:
+                drain.when_begun(beat.stop_soon)
             log.info(
                 "toolfleet service up: replica %s, redis %s, checkpointer %s, %s",
                 replica,

@@ -283,6 +283,12 @@ class CronBeat:
         )
         self._service.start()
 
+    def stop_soon(self) -> None:
+        """Have beat stop at its next wake (within ``BEAT_INTERVAL``) and release the lock,
+        so another replica's beat fires the crons while this replica drains."""
+        if self._service is not None:
+            self._service.service.stop(wait=False)
+
     async def close(self) -> None:
         """Stop beat (releasing the lock if it holds it).
 

@@ -51,11 +51,23 @@ class Drain:
         self.seconds = seconds
         self.began: float | None = None
         """When the replica was told to stop (``time.monotonic()``), or ``None``."""
+        self._when_begun: list[Callable[[], None]] = []
+
+    def when_begun(self, stop: Callable[[], None]) -> None:
+        """Call ``stop`` (quick, from a signal handler) when the drain begins: what must
+        not wait for its end (the cron beat's lock, which another replica then takes)."""
+        self._when_begun.append(stop)
 
     def begin(self) -> None:
         """The replica is told to stop (SIGTERM): the drain time starts now, once."""
-        if self.began is None:
-            self.began = time.monotonic()
+        if self.began is not None:
+            return
+        self.began = time.monotonic()
+        for stop in self._when_begun:
+            try:
+                stop()
+            except Exception:
+                log.exception("could not stop %r as the drain began", stop)
 
     def left(self) -> float:
         """Seconds of the drain time left (all of it before :meth:`begin`)."""

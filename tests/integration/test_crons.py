@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -275,6 +276,89 @@ def test_two_replicas_fire_each_tick_once_and_survive_a_kill(
         started = time.monotonic()
         servers[1 - holder].stop()  # the lock's holder now: it releases it and stops
         assert time.monotonic() - started < 15.0  # its beat's sleep, not the stop's grace
+    finally:
+        stack.close()
+        for server in servers:
+            server.stop()
+
+
+def test_a_draining_replica_hands_its_crons_to_the_other_at_once(
+    prefork_fleet: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Given two replicas with 20 s of drain and a cron every 2 s on a thread, when the
+    replica firing it gets SIGTERM while a client holds a stream open on it (so it
+    drains to the end), then the other replica fires the next ticks within seconds,
+    while the first still drains: its beat lets the lock go as the drain begins."""
+    token = f"tft-crons-d-{uuid.uuid4().hex}"
+    namespace = new_namespace()
+    workdir = tmp_path_factory.mktemp("crons-drain")
+    servers: list[ServerProcess] = []
+    stack = contextlib.ExitStack()
+    try:
+        for name in ("one", "two"):
+            servers.append(
+                start_server(
+                    prefork_fleet,
+                    workdir,
+                    name,
+                    args=("--config", str(PROJECT)),
+                    model=None,
+                    api_tokens=(token,),
+                    namespace=namespace,
+                    cron_min_interval=1,
+                    drain_seconds=20.0,
+                )
+            )
+        clients = [
+            stack.enter_context(
+                httpx.Client(base_url=s.url, headers={"X-Api-Key": token}, timeout=30)
+            )
+            for s in servers
+        ]
+        one = clients[0]
+        tid = one.post("/threads", json={}).json()["thread_id"]
+        cron = one.post(
+            f"/threads/{tid}/runs/crons",
+            json={"assistant_id": "made", "schedule": "* * * * * */2", "input": {}},
+        ).json()
+        holders = {r["replica"] for r in _wait_for_runs(one, tid, 2)}
+        holder = next(i for i, s in enumerate(servers) if _replica_of(s, holders))
+        draining, survivor = servers[holder], clients[1 - holder]
+        quiet = one.post("/threads", json={}).json()["thread_id"]
+        opened = threading.Event()
+
+        def hold_stream() -> None:  # open until the draining replica cuts it
+            with (
+                contextlib.suppress(httpx.HTTPError),
+                httpx.stream(
+                    "GET",
+                    f"{draining.url}/threads/{quiet}/stream",
+                    headers={"X-Api-Key": token},
+                    timeout=60,
+                ) as response,
+            ):
+                opened.set()
+                for _ in response.iter_bytes():
+                    pass
+
+        threading.Thread(target=hold_stream, daemon=True).start()
+        assert opened.wait(10)
+        stopping = threading.Thread(target=draining.stop, kwargs={"grace": 40}, daemon=True)
+        stopping.start()
+        signalled = time.time()
+        deadline = time.monotonic() + 15
+        later: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and len(later) < 2:
+            time.sleep(0.5)
+            later = [
+                r
+                for r in survivor.get(f"/threads/{tid}/runs", params={"limit": 100}).json()
+                if datetime.fromisoformat(r["created_at"]).timestamp() > signalled
+            ]
+        assert stopping.is_alive()  # still draining
+        assert len(later) >= 2 and {r["replica"] for r in later}.isdisjoint(holders), later
+        assert survivor.delete(f"/runs/crons/{cron['cron_id']}").status_code == 204
+        stopping.join(45)
     finally:
         stack.close()
         for server in servers:
