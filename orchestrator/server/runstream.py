@@ -79,6 +79,11 @@ class RunStream:
         for name in ("interrupt_before", "interrupt_after", "durability", "context"):
             if (value := getattr(self.body, name)) is not None:
                 options[name] = value
+        # Each step saved before the next begins, unless the run asks otherwise: the tool
+        # calls a model step made are published only once that step is in the
+        # checkpoint, so a run taken over by another replica never makes them again
+        # under new ids (see runlease).
+        options.setdefault("durability", "sync")
         return options
 
     def _payload(self) -> Any:
