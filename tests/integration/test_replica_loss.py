@@ -253,9 +253,10 @@ def test_a_background_run_lost_in_its_model_step_completes(
     pair: Pair, prefork_fleet: Settings, lose: str
 ) -> None:
     """Given a background run (``runs.create``) whose model step takes 4 s, when its
-    replica is taken away during it, then another replica runs the step again from the
-    run's input checkpoint and the run completes: a join through the proxy answers its
-    output, its one call ran once, and ``runs.list`` shows it success."""
+    replica is taken away during it, then another replica goes on from the run's
+    checkpoint (the step again from its input; or, when a stopped replica finished the
+    step as it drained, its call) and the run completes: a join through the proxy
+    answers its output, its one call ran once, and ``runs.list`` shows it success."""
 
     async def scenario() -> dict[str, Any]:
         async with pair.client() as c:
@@ -270,6 +271,9 @@ def test_a_background_run_lost_in_its_model_step_completes(
                 stopping = None
             else:
                 stopping = pair.terminate(created["replica"])
+        # A new connection, as a client's next request after a lost one: the proxy sends
+        # it to a replica that answers (a kept-alive one to the killed replica is gone).
+        async with pair.client() as c:
             joined = await c.runs.join(tid, created["run_id"])
             listed = await c.runs.list(tid)
             attempt = await latest_attempt(c, tid)
