@@ -28,13 +28,16 @@ SUPERVISOR = Path(supervisor.__file__)
 
 GRANDCHILD = """
 import os, time
+said, told = os.pipe()
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
         print("grandchild", os.getpid(), flush=True)
+        os.write(told, b"x")
         time.sleep(60)
         os._exit(0)
     os._exit(0)
+os.read(said, 1)  # the grandchild has said who it is before the snippet goes on
 """
 
 
