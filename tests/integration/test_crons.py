@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -207,6 +208,70 @@ def test_a_thread_cron_refuses_on_run_completed(pair: ApiPair) -> None:
         assert "on_run_completed" in answer.json()["detail"], answer.text
 
 
+@contextlib.contextmanager
+def _two_replicas_with_a_cron(
+    prefork_fleet: Settings, workdir: Path, **overrides: Any
+) -> Iterator[tuple[list[ServerProcess], list[httpx.Client], str, dict[str, Any]]]:
+    """Two replicas on one Redis, in a namespace of their own (the module's other server
+    must not take the lock), and a cron every 2 seconds on a thread: the servers, a
+    client of each, the thread's id and the cron."""
+    token = f"tft-crons-r-{uuid.uuid4().hex}"
+    namespace = new_namespace()
+    servers: list[ServerProcess] = []
+    try:
+        with contextlib.ExitStack() as stack:
+            for name in ("one", "two"):
+                servers.append(
+                    start_server(
+                        prefork_fleet,
+                        workdir,
+                        name,
+                        args=("--config", str(PROJECT)),
+                        model=None,
+                        api_tokens=(token,),
+                        namespace=namespace,
+                        cron_min_interval=1,
+                        **overrides,
+                    )
+                )
+            clients = [
+                stack.enter_context(
+                    httpx.Client(base_url=s.url, headers={"X-Api-Key": token}, timeout=30)
+                )
+                for s in servers
+            ]
+            tid = clients[0].post("/threads", json={}).json()["thread_id"]
+            cron = (
+                clients[0]
+                .post(
+                    f"/threads/{tid}/runs/crons",
+                    json={"assistant_id": "made", "schedule": "* * * * * */2", "input": {}},
+                )
+                .json()
+            )
+            yield servers, clients, tid, cron
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def _runs_since(
+    http: httpx.Client, thread_id: str, since: float, count: int, within: float
+) -> list[dict[str, Any]]:
+    """The thread's runs created after ``since`` (Unix time), once there are ``count`` of
+    them, or all there are after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        runs = [
+            r
+            for r in http.get(f"/threads/{thread_id}/runs", params={"limit": 100}).json()
+            if datetime.fromisoformat(r["created_at"]).timestamp() > since
+        ]
+        if len(runs) >= count or time.monotonic() >= deadline:
+            return runs
+        time.sleep(0.5)
+
+
 def test_two_replicas_fire_each_tick_once_and_survive_a_kill(
     prefork_fleet: Settings, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -214,39 +279,9 @@ def test_two_replicas_fire_each_tick_once_and_survive_a_kill(
     each tick makes one run (never two within a tick), all on the replica holding the
     schedule's lock; when that replica is killed (SIGKILL, no goodbye), the other takes
     the crons over and its runs follow."""
-    token = f"tft-crons-r-{uuid.uuid4().hex}"
-    # A namespace of their own: the module's other server must not take the lock.
-    namespace = new_namespace()
     workdir = tmp_path_factory.mktemp("crons-replicas")
-    servers: list[ServerProcess] = []
-    stack = contextlib.ExitStack()
-    try:
-        for name in ("one", "two"):
-            servers.append(
-                start_server(
-                    prefork_fleet,
-                    workdir,
-                    name,
-                    args=("--config", str(PROJECT)),
-                    model=None,
-                    api_tokens=(token,),
-                    namespace=namespace,
-                    cron_min_interval=1,
-                )
-            )
-        clients = [
-            stack.enter_context(
-                httpx.Client(base_url=s.url, headers={"X-Api-Key": token}, timeout=30)
-            )
-            for s in servers
-        ]
-        one = clients[0]
-        tid = one.post("/threads", json={}).json()["thread_id"]
-        cron = one.post(
-            f"/threads/{tid}/runs/crons",
-            json={"assistant_id": "made", "schedule": "* * * * * */2", "input": {}},
-        ).json()
-        runs = _wait_for_runs(one, tid, 4)
+    with _two_replicas_with_a_cron(prefork_fleet, workdir) as (servers, clients, tid, cron):
+        runs = _wait_for_runs(clients[0], tid, 4)
         created = sorted(datetime.fromisoformat(r["created_at"]).timestamp() for r in runs)
         gaps = [b - a for a, b in itertools.pairwise(created)]
         assert min(gaps) > 0.5, gaps  # never two runs of one tick (those come ms apart)
@@ -258,28 +293,13 @@ def test_two_replicas_fire_each_tick_once_and_survive_a_kill(
         assert servers[holder]._proc is not None
         servers[holder]._proc.kill()  # no shutdown: the lock is never released
         servers[holder]._proc.wait(10)
-        killed_at = time.time()
-        deadline = time.monotonic() + 60
-        later: list[dict[str, Any]] = []
-        while time.monotonic() < deadline:
-            later = [
-                r
-                for r in survivor.get(f"/threads/{tid}/runs", params={"limit": 100}).json()
-                if datetime.fromisoformat(r["created_at"]).timestamp() > killed_at
-            ]
-            if len(later) >= 2:
-                break
-            time.sleep(0.5)
+        later = _runs_since(survivor, tid, time.time(), 2, within=60)
         assert len(later) >= 2, later
         assert {r["replica"] for r in later}.isdisjoint(holders), later
         assert survivor.delete(f"/runs/crons/{cron['cron_id']}").status_code == 204
         started = time.monotonic()
         servers[1 - holder].stop()  # the lock's holder now: it releases it and stops
         assert time.monotonic() - started < 15.0  # its beat's sleep, not the stop's grace
-    finally:
-        stack.close()
-        for server in servers:
-            server.stop()
 
 
 def test_a_draining_replica_hands_its_crons_to_the_other_at_once(
@@ -289,42 +309,17 @@ def test_a_draining_replica_hands_its_crons_to_the_other_at_once(
     replica firing it gets SIGTERM while a client holds a stream open on it (so it
     drains to the end), then the other replica fires the next ticks within seconds,
     while the first still drains: its beat lets the lock go as the drain begins."""
-    token = f"tft-crons-d-{uuid.uuid4().hex}"
-    namespace = new_namespace()
     workdir = tmp_path_factory.mktemp("crons-drain")
-    servers: list[ServerProcess] = []
-    stack = contextlib.ExitStack()
-    try:
-        for name in ("one", "two"):
-            servers.append(
-                start_server(
-                    prefork_fleet,
-                    workdir,
-                    name,
-                    args=("--config", str(PROJECT)),
-                    model=None,
-                    api_tokens=(token,),
-                    namespace=namespace,
-                    cron_min_interval=1,
-                    drain_seconds=20.0,
-                )
-            )
-        clients = [
-            stack.enter_context(
-                httpx.Client(base_url=s.url, headers={"X-Api-Key": token}, timeout=30)
-            )
-            for s in servers
-        ]
-        one = clients[0]
-        tid = one.post("/threads", json={}).json()["thread_id"]
-        cron = one.post(
-            f"/threads/{tid}/runs/crons",
-            json={"assistant_id": "made", "schedule": "* * * * * */2", "input": {}},
-        ).json()
-        holders = {r["replica"] for r in _wait_for_runs(one, tid, 2)}
+    with _two_replicas_with_a_cron(prefork_fleet, workdir, drain_seconds=20.0) as (
+        servers,
+        clients,
+        tid,
+        cron,
+    ):
+        holders = {r["replica"] for r in _wait_for_runs(clients[0], tid, 2)}
         holder = next(i for i, s in enumerate(servers) if _replica_of(s, holders))
         draining, survivor = servers[holder], clients[1 - holder]
-        quiet = one.post("/threads", json={}).json()["thread_id"]
+        quiet = survivor.post("/threads", json={}).json()["thread_id"]
         opened = threading.Event()
 
         def hold_stream() -> None:  # open until the draining replica cuts it
@@ -333,7 +328,7 @@ def test_a_draining_replica_hands_its_crons_to_the_other_at_once(
                 httpx.stream(
                     "GET",
                     f"{draining.url}/threads/{quiet}/stream",
-                    headers={"X-Api-Key": token},
+                    headers=dict(survivor.headers),
                     timeout=60,
                 ) as response,
             ):
@@ -345,24 +340,11 @@ def test_a_draining_replica_hands_its_crons_to_the_other_at_once(
         assert opened.wait(10)
         stopping = threading.Thread(target=draining.stop, kwargs={"grace": 40}, daemon=True)
         stopping.start()
-        signalled = time.time()
-        deadline = time.monotonic() + 15
-        later: list[dict[str, Any]] = []
-        while time.monotonic() < deadline and len(later) < 2:
-            time.sleep(0.5)
-            later = [
-                r
-                for r in survivor.get(f"/threads/{tid}/runs", params={"limit": 100}).json()
-                if datetime.fromisoformat(r["created_at"]).timestamp() > signalled
-            ]
+        later = _runs_since(survivor, tid, time.time(), 2, within=15)
         assert stopping.is_alive()  # still draining
         assert len(later) >= 2 and {r["replica"] for r in later}.isdisjoint(holders), later
         assert survivor.delete(f"/runs/crons/{cron['cron_id']}").status_code == 204
         stopping.join(45)
-    finally:
-        stack.close()
-        for server in servers:
-            server.stop()
 
 
 def _wait_for_runs(http: httpx.Client, thread_id: str, count: int) -> list[dict[str, Any]]:

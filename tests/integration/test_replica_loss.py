@@ -30,7 +30,7 @@ from langgraph_sdk import get_client
 from orchestrator.bench.links import proxied
 from orchestrator.server.keys import Keys
 from tests.support.cut_proxy import BalancingProxy, CutProxy
-from tests.support.fleet import effects
+from tests.support.fleet import effects, wait_until
 from tests.support.serving import ServerProcess, database_url, prefork_fleet, run, start_server
 from tool_workers.contract.settings import Settings
 
@@ -133,6 +133,17 @@ def charged(settings: Settings) -> dict[str, int]:
         return effects(client, settings, "charge")
     finally:
         client.close()
+
+
+def checkpointed(url: str, token: str, thread_id: str) -> bool:
+    """Whether the thread has a checkpoint (a run's input, once it is in)."""
+    history = httpx.post(
+        f"{url}/threads/{thread_id}/history",
+        json={"limit": 1},
+        headers={"X-Api-Key": token},
+        timeout=10,
+    )
+    return bool(history.json())
 
 
 def ran_once(settings: Settings, before: dict[str, int], n: int) -> None:
@@ -265,7 +276,8 @@ def test_a_background_run_lost_in_its_model_step_completes(
             created = await c.runs.create(
                 tid, "agent", input=ask(("charge", {"amount": 7, "seconds": 1}), model_delay=4)
             )
-            await asyncio.sleep(1.5)  # in the model step (its input is checkpointed)
+            # In the model step: its input is checkpointed.
+            await asyncio.to_thread(wait_until, lambda: checkpointed(pair.url, pair.token, tid))
             if lose == "kill":
                 await asyncio.to_thread(pair.kill, created["replica"])
                 stopping = None
@@ -326,11 +338,11 @@ def test_a_lost_run_that_cannot_go_on_ends_error_and_frees_its_thread(
 
     try:
         tid, created = run(start())
-        wait_until(lambda: len(charged(prefork_fleet)) - len(before) == 3, 30)
+        wait_until(lambda: len(charged(prefork_fleet)) - len(before) == 3, 30, "3 calls started")
         pair.kill(created["replica"])
         killed_at = time.monotonic()
         record = Keys(prefork_fleet.key_prefix).run(created["run_id"])
-        wait_until(lambda: records.hget(record, "status") == "error", 40)
+        wait_until(lambda: records.hget(record, "status") == "error", 40, "the run's error")
         ended_after = time.monotonic() - killed_at
     finally:
         records.close()
@@ -343,13 +355,6 @@ def test_a_lost_run_that_cannot_go_on_ends_error_and_frees_its_thread(
     assert seen["thread"]["status"] == "error", seen["thread"]
     errors = [p for p in seen["parts"] if p.event == "error"]
     assert [e.data["error"] for e in errors] == ["RunLost"], seen["parts"]
-
-
-def wait_until(check: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout:g} s"
-        time.sleep(0.2)
 
 
 def test_a_killed_replicas_queued_run_waits_its_turn_on_the_other(
@@ -371,7 +376,7 @@ def test_a_killed_replicas_queued_run_waits_its_turn_on_the_other(
                 tid, "agent", input=ask(("charge", {"amount": 21, "seconds": 0.5}))
             )
         await asyncio.to_thread(
-            wait_until, lambda: len(charged(prefork_fleet)) - len(before) == 3, 30
+            wait_until, lambda: len(charged(prefork_fleet)) - len(before) == 3, 30, "3 calls"
         )
         await asyncio.to_thread(pair.kill, first["replica"])
         async with pair.client() as c:
@@ -413,7 +418,7 @@ def test_a_replica_cut_off_from_redis_stops_its_run_before_another_takes_it_over
                     return tid, await on_a.runs.create(tid, "agent", input=slow_model)
 
             tid, created = run(start())
-            time.sleep(1.5)  # in the model step, its input checkpointed
+            wait_until(lambda: checkpointed(a.url, token, tid))  # in the model step
             link.cut()
             cut_at = time.monotonic()
 
