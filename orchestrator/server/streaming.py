@@ -114,9 +114,8 @@ async def _frames(
                     return  # the client reconnects with Last-Event-ID
                 if entry is None:
                     yield SSE_HEARTBEAT
-                    await runs.get_run(
-                        run.tenant, run.thread_id, run.run_id
-                    )  # notices a lost replica
+                    # Ends a run without a lease whose replica died (runlookup).
+                    await runs.get_run(run.tenant, run.thread_id, run.run_id)
                     continue
                 if entry.event == END:
                     ended = True
