@@ -51,6 +51,7 @@ from orchestrator.observe import CallObserver
 from orchestrator.offering import ToolOffer
 from orchestrator.placement import Placement, PlacementRules, describe, takes_arguments
 from orchestrator.tools import RemoteTool
+from orchestrator.tracing import untraced_steps_inline
 from tool_workers.contract.errors import ResultTimeout, RunDeadlineExceeded
 from tool_workers.contract.models import ToolResult, ToolSpec
 from tool_workers.contract.names import task_id_for
@@ -124,6 +125,9 @@ class CeleryToolMiddleware(AgentMiddleware):
                 :mod:`orchestrator.offering`.
         """
         super().__init__()
+        # create_agent wraps the async hooks in LangSmith's traceable: untraced, its
+        # setup and end run on the loop instead of two executor hops per hook call.
+        untraced_steps_inline()
         if eager_dispatch is not None:
             warnings.warn(
                 "eager_dispatch has no effect: each call is published by its own Send task "

