@@ -9,13 +9,15 @@ Where each number comes from:
   names in it the isolation between its calls (``namespaces``, ``uid`` or ``none``, and
   whether it refuses calls for want of more), shown per worker.
 * **queue depth**: calls waiting in the broker. kombu's Redis transport keeps a queue
-  as a list named by the queue (``<namespace>:`` first when a namespace is set) plus a
-  list per priority step (``<queue>\\x06\\x16<n>``); the depth is the sum of their
-  ``LLEN``, one pipeline for all queues. Calls a worker has already fetched are not in
-  it. (Not kombu's passive ``queue_declare``: its existence check ignores the
-  namespace prefix.) On RabbitMQ the depth is the message count of a passive
-  ``queue_declare`` of the queue's broker name (ready messages: those delivered to a
-  worker and not yet acknowledged are not counted either).
+  as a list named by the queue (``<namespace>:`` first when a namespace is set); with
+  kombu's default priority steps, also a list per step (``<queue>\\x06\\x16<n>``).
+  toolfleet's apps have one step, so one list, but the depth still sums the ``LLEN`` of
+  all of kombu's default lists (another app's calls count), one pipeline for all
+  queues. Calls a worker has already fetched are not in it. (Not kombu's passive
+  ``queue_declare``: its existence check ignores the namespace prefix.) On RabbitMQ
+  the depth is the message count of a passive ``queue_declare`` of the queue's broker
+  name (ready messages: those delivered to a worker and not yet acknowledged are not
+  counted either).
 * **routing**: each served version of each tool, the queue this orchestrator's policy
   routes it to (its tool queue ``tool:<name>:<version>`` unless the policy file names a
   queue) and the workers serving it; a warning for each queue consumed by a worker that
@@ -304,8 +306,8 @@ def kind_of(worker: str) -> str:
 
 def broker_key(settings: Settings, app: Celery, queue: str) -> str:
     """The name the broker keeps ``queue`` under: the Redis list kombu pushes calls onto
-    (``<namespace>:<queue>``; a priority call goes to ``<key>\\x06\\x16<n>``), or the
-    RabbitMQ queue."""
+    (``<namespace>:<queue>``; with kombu's default priority steps, a priority call goes
+    to ``<key>\\x06\\x16<n>``), or the RabbitMQ queue."""
     if settings.broker_is_amqp:
         return broker_queue_name(app, queue)
     return f"{settings.namespace}:{queue}" if settings.namespace else queue

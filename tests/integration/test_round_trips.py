@@ -257,3 +257,33 @@ def test_a_result_is_stored_and_its_delivery_acknowledged_in_one_round_trip(
     assert per_call.get("EVALSHA", 0) <= 2.2, per_call
     beyond = sum(v for k, v in per_call.items() if k != "BRPOP")
     assert beyond <= 3.3, per_call
+
+
+def test_a_worker_waits_on_each_of_its_queues_once(
+    make_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    redis_url: str,
+) -> None:
+    """Given a worker serving a queue per tool, when it waits for calls, then its BRPOP
+    names each queue's list once: no list per priority step (kombu's default has four per
+    queue, and every delivery sends the BRPOP again; toolfleet publishes every call at
+    the default priority, so the others only ever held nothing)."""
+    settings = make_settings()
+    start_worker(settings, pool="threads", concurrency=2, queues=("tools",))
+    prefix = f"{settings.namespace}:"
+    seen: list[str] = []
+    client = redis.Redis.from_url(redis_url)
+    try:
+        with client.monitor() as monitor:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and len(seen) < 2:
+                command = str(monitor.next_command()["command"])
+                if command.startswith("BRPOP ") and f" {prefix}tools " in f"{command} ":
+                    seen.append(command)
+    finally:
+        client.close()
+    assert seen, "the worker sent no BRPOP within 30 s"
+    for command in seen:
+        keys = command.split(" ")[1:-1]  # the last word is the timeout
+        assert len(keys) == len(set(keys)) and len(keys) > 2, command
+        assert not [k for k in keys if "x06" in k or "\x06" in k], command

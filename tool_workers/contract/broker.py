@@ -136,6 +136,10 @@ def _redis_transport(settings: Settings, policies: ToolPolicies) -> dict[str, An
         # Not replayed on a timeout: a publish whose reply was lost may be queued already,
         # and a second copy would run the call twice.
         "retry_on_timeout": False,
+        # One list per queue, not kombu's four (one per priority step): toolfleet publishes
+        # every call at the default priority, and a worker's BRPOP, sent again after each
+        # delivery, named all four lists of each of its queues (one per tool).
+        "priority_steps": [0],
     }
     if settings.namespace:
         transport["global_keyprefix"] = f"{settings.namespace}:"
