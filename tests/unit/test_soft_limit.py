@@ -18,8 +18,10 @@ from tool_workers.celery_ext.soft_limit import tool_window
 
 
 @pytest.fixture
-def pool_process() -> Iterator[None]:
-    """This process's SIGUSR1 handled as in a prefork pool process (billiard's handler)."""
+def pool_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process's SIGUSR1 handled as in a new prefork pool process (billiard's
+    handler, not yet taken over: the takeover is noted once per process)."""
+    monkeypatch.setattr(soft_limit, "_installed_in", 0)
     previous = signal.signal(signal.SIGUSR1, soft_timeout_sighandler)
     yield
     signal.signal(signal.SIGUSR1, previous)

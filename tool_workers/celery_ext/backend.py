@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from celery import states
@@ -175,7 +176,8 @@ class ToolfleetRedisBackend(RedisBackend):  # type: ignore[misc]
         link is down (the backend's retry policy)."""
         task_id = _bytes_to_str(task_id)
         encoded = self.encode_result(result, state)
-        done = self.app.now().isoformat() if state in states.READY_STATES else None
+        # Celery's app.now(), without its round of timezone conversions (one per call).
+        done = datetime.now(self.app.timezone).isoformat() if state in states.READY_STATES else None
         value = self.encode(state_meta(task_id, encoded, state, traceback, done))
         expires = self.failure_expires if state == states.FAILURE else self.expires
         key = _bytes_to_str(self.get_key_for_task(task_id))

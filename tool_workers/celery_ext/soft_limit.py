@@ -55,23 +55,23 @@ class _Window:
 _current: _Window | None = None
 
 _SLOTS = 4096
-_phases: Any = None  # [pid, finished] pairs, slot = pid % _SLOTS; shared with the pool
+_phases: Any = None  # slot pid % _SLOTS: 2 * pid + finished; shared with the pool
+_installed_in = 0  # the process whose soft-limit handler is _handler (0: none yet)
 
 
 def share_phases() -> None:
     """Create the phase table in the worker's main process, before the pool forks."""
     global _phases
     if _phases is None:
-        _phases = multiprocessing.RawArray("q", 2 * _SLOTS)
+        _phases = multiprocessing.RawArray("q", _SLOTS)
 
 
 def mark(finished: bool) -> None:
-    """Record in this pool process's slot whether its call's tool has returned."""
+    """Record in this pool process's slot whether its call's tool has returned (one
+    aligned 8-byte write: the main process never reads half of it)."""
     if _phases is not None:
-        slot = 2 * (os.getpid() % _SLOTS)
-        _phases[slot + 1] = 0
-        _phases[slot] = os.getpid()
-        _phases[slot + 1] = int(finished)
+        pid = os.getpid()
+        _phases[pid % _SLOTS] = 2 * pid + finished
 
 
 def storing(pid: int) -> bool:
@@ -81,8 +81,7 @@ def storing(pid: int) -> bool:
     """
     if _phases is None:
         return False
-    slot = 2 * (pid % _SLOTS)
-    return bool(_phases[slot] == pid and _phases[slot + 1])
+    return bool(_phases[pid % _SLOTS] == 2 * pid + 1)
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
@@ -103,15 +102,20 @@ def _handler(signum: int, frame: FrameType | None) -> None:
 
 
 def _install() -> bool:
-    """Take over billiard's soft-limit handler; whether this process has one."""
+    """Take over billiard's soft-limit handler; whether this process has one (read once
+    per process: ``signal.getsignal`` costs more than the rest of a call's window)."""
+    global _installed_in
     if _SIGNAL is None or threading.current_thread() is not threading.main_thread():
         return False
-    current = signal.getsignal(_SIGNAL)
-    if current is _handler:
+    pid = os.getpid()
+    if _installed_in == pid:
         return True
-    if not billiard_compat.is_soft_limit_handler(current):
-        return False  # not a prefork pool process: leave the process's signals alone
-    signal.signal(_SIGNAL, _handler)
+    current = signal.getsignal(_SIGNAL)
+    if current is not _handler:
+        if not billiard_compat.is_soft_limit_handler(current):
+            return False  # not a prefork pool process: leave the process's signals alone
+        signal.signal(_SIGNAL, _handler)
+    _installed_in = pid
     return True
 
 
