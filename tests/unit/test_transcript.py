@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,14 +28,29 @@ def echo(text: str) -> str:
 
 
 class FailsOne(AgentMiddleware):
-    """Fails the run at the call whose text is ``fail`` (as a broker that is down does)."""
+    """Fails the run at the call whose text is ``fail`` (as a broker that is down does),
+    once the call ``after`` names has its result saved as a pending write of the step
+    (otherwise which call ends first is the machine's choice)."""
+
+    def __init__(self, checkpointer: InMemorySaver, config: Any, after: str) -> None:
+        super().__init__()
+        self.checkpointer, self.config, self.after = checkpointer, config, after
 
     def wrap_tool_call(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]
     ) -> Any:
         if request.tool_call["args"]["text"] == "fail":
+            deadline = time.monotonic() + 30
+            while not self._saved() and time.monotonic() < deadline:
+                time.sleep(0.01)
             raise DispatchError("could not publish 1 tool call(s)")
         return handler(request)
+
+    def _saved(self) -> bool:
+        saved = self.checkpointer.get_tuple(self.config)
+        return saved is not None and any(
+            self.after in repr(value) for _, _, value in saved.pending_writes or []
+        )
 
 
 def test_given_a_sync_run_failed_mid_fan_out_when_closed_then_finished_results_are_kept() -> None:
@@ -43,13 +59,15 @@ def test_given_a_sync_run_failed_mid_fan_out_when_closed_then_finished_results_a
     finished calls keep their real results and only the failed one gets an error."""
     calls = tool_calls_message([("echo", {"text": "a"}), ("echo", {"text": "fail"})])
     model = ScriptedChatModel(script=[calls, AIMessage(content="later")])
+    config: dict[str, Any] = {"configurable": {"thread_id": "failed"}}
+    checkpointer = InMemorySaver()
+    fails = FailsOne(checkpointer, config, after=calls.tool_calls[0]["id"])
     agent = create_agent(
         model,
         [echo],
-        middleware=[FailsOne(), CeleryToolMiddleware(dispatcher=InProcessDispatcher([echo]))],
-        checkpointer=InMemorySaver(),
+        middleware=[fails, CeleryToolMiddleware(dispatcher=InProcessDispatcher([echo]))],
+        checkpointer=checkpointer,
     )
-    config: dict[str, Any] = {"configurable": {"thread_id": "failed"}}
     with pytest.raises(DispatchError):
         agent.invoke({"messages": [("user", "go")]}, config)
 
