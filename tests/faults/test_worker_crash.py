@@ -78,7 +78,9 @@ def crash_trial(
     settings: Settings, counter: Any, tool: str
 ) -> tuple[ToolMessage, dict[str, int], str]:
     args: dict[str, Any] = {"amount": 7} if tool == "charge" else {"tag": "7"}
-    run = AgentRun(settings, tool, {**args, "seconds": 2})
+    # 5 s: the kill must land while the tool still runs, after the start and its effect
+    # were seen; with 2 s a loaded machine's polling once came after the tool returned.
+    run = AgentRun(settings, tool, {**args, "seconds": 5})
     run.start()
     kill_pool_child(settings, counter, tool, run.task_id)
     message = run.result()
