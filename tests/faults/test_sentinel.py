@@ -9,7 +9,6 @@ Redis, in the ledger file of :mod:`tests.ledger_tools`.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -21,7 +20,7 @@ from langgraph_sdk import get_client
 
 from orchestrator import dispatcher_for
 from orchestrator.cli.status import collect
-from tests.support.fleet import ledger_runs, run_in_thread
+from tests.support.fleet import ledger_runs, run_in_thread, wait_until
 from tests.support.sentinel import (
     SentinelRedis,
     agent_of,
@@ -61,13 +60,14 @@ def test_a_fleet_on_sentinels_serves_its_calls(
         assert [m.status for m in messages] == ["success"] * 4, [m.content for m in messages]
         runs = ledger_runs(ledger)
         assert set(runs["charge"].values()) == {1} and set(runs["touch"].values()) == {1}
+
         # A worker may still count its last call active for a moment after its result
         # (or answer inspect late on a busy machine): read again until it is idle.
-        deadline = time.monotonic() + 20
-        status = collect(settings, timeout=2.0)
-        while not all(w.active == 0 for w in status.workers) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        def idle() -> Any:
             status = collect(settings, timeout=2.0)
+            return status if all(w.active == 0 for w in status.workers) else None
+
+        status = wait_until(idle, 20, "the fleet's workers idle")
         suffix = settings.namespace.rsplit("-", 1)[-1]
         assert sorted(w.name.split("@")[0] for w in status.workers) == [
             f"tf-sentinel-{w}-{suffix}" for w in "ab"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +17,7 @@ from orchestrator.dispatch.in_process import InProcessDispatcher
 from orchestrator.middleware import CeleryToolMiddleware
 from orchestrator.scripted import ScriptedChatModel, tool_calls_message
 from orchestrator.transcript import close_pending_calls, pending_calls
+from tests.support.fleet import wait_until
 from tool_workers.contract.errors import DispatchError
 
 
@@ -40,9 +40,7 @@ class FailsOne(AgentMiddleware):
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]
     ) -> Any:
         if request.tool_call["args"]["text"] == "fail":
-            deadline = time.monotonic() + 30
-            while not self._saved() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_until(self._saved, 30, "the other call's pending write")
             raise DispatchError("could not publish 1 tool call(s)")
         return handler(request)
 
