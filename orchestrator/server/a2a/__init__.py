@@ -26,7 +26,9 @@ The package, by concept::
 
     routes.py    the card's routes and the JSON-RPC endpoint: checks a call, answers errors
     card.py      an assistant's agent card
-    tasks.py     one call: a message as a run (sent or streamed); tasks read, cancelled, listed
+    call.py      what one call knows, and the reads its kinds share (a task, a run's values)
+    messages.py  message/send and message/stream: a message as a run, answered or streamed
+    tasks.py     tasks read, cancelled and listed; Call, one call of either kind
     parts.py     messages both ways: parts as a run's input; values as history and answers
     protocol.py  codes, limits, states, 0.3's spellings, the checks of a call's parameters
 
