@@ -3,6 +3,7 @@
 ::
 
     base.py        Dispatcher, the complete interface the agent side uses
+    transport.py   TransportDispatcher: watch, wait, read, cancel; a transport under it
     dispatcher.py  CeleryDispatcher: Celery tasks out, results back on a reply channel
     envelope.py    a call's task message, as Celery's own client would publish it
     publish.py     Publisher: each call published at most once, batched, sync or async
@@ -14,7 +15,7 @@
     loop_redis.py  LoopClients: a redis.asyncio client per event loop
     timings.py     CallTimings: dispatch-to-start and result wait, per tool
     fleet.py       dispatcher_for: one dispatcher per process and deployment
-    in_process.py  InProcessDispatcher: the worker's code in threads, for fast tests
+    in_process.py  InProcessDispatcher: a transport running the worker's code in threads
 """
 
 from __future__ import annotations

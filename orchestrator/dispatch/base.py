@@ -2,7 +2,9 @@
 
 :class:`Dispatcher` lists every method its callers use, sync and async alike; the Celery
 dispatcher (:mod:`.dispatcher`) and the in-process one (:mod:`.in_process`) implement all of
-it, so callers never probe for a method and mypy checks every call.
+it, so callers never probe for a method and mypy checks every call. Both are transports
+under one shared dispatcher (:mod:`.transport`), which makes every decision of a wait and
+a cancellation.
 
 Every ``async def`` here must not block the event loop: an implementation awaits async
 I/O or hands the blocking call to a thread.

@@ -4,46 +4,50 @@ The one module of the orchestrator that imports the worker's execution code
 (:mod:`tool_workers.runtime.execute`, :mod:`tool_workers.runtime.tasks`): it *is* a
 worker, in-process.
 
-For fast tests of agents (and of toolfleet itself): the same middleware and
-the same results as with real workers, without Redis. Each call
-still runs at most once per task id, as with the Celery dispatcher.
+For fast tests of agents (and of toolfleet itself). It is a transport under the shared
+dispatcher (:mod:`.transport`), so a call is watched, waited for (its deadline, its idle
+timeout), read and cancelled by the code that runs with real workers; only sending,
+revoking and the states are this module's. A call hands in the states a worker stores
+(``STARTED``, then ``SUCCESS`` with its result, signed when the settings have a signing
+key; ``REVOKED`` for a call cancelled before it started), and runs at most once per task
+id, as with the Celery dispatcher.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import threading
-import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from langchain_core.tools import BaseTool
 
 from orchestrator.call import PreparedCall
 from orchestrator.dispatch.base import PlacementTable
-from orchestrator.dispatch.timings import CallTimings
-from orchestrator.dispatch.waiting import deadline_of
-from orchestrator.dispatch.watch import StateCallback
+from orchestrator.dispatch.publish import Outcome
+from orchestrator.dispatch.transport import TransportDispatcher
+from orchestrator.dispatch.watch import WatchTable
 from orchestrator.messages import not_served_there_text
-from tool_workers.contract.errors import ResultTimeout
 from tool_workers.contract.models import ToolResult, ToolSpec
 from tool_workers.contract.settings import Settings, ToolPolicies
+from tool_workers.contract.signing import sign_result
 from tool_workers.runtime.execute import Limits, run_call
 from tool_workers.runtime.tasks import tool_spec
 
+WORKER = "in-process"
+"""The worker name the calls run here report."""
 
-class InProcessDispatcher:
-    """Runs calls on a thread pool here; counts how often each task id was published.
+
+class InProcessDispatcher(TransportDispatcher):
+    """Runs calls on a thread pool here; counts how often each task id was sent.
 
     Args:
         tools: The tools to serve.
         policies: Per-tool policy (queues and limits shown in the specs).
         max_workers: Threads running tools concurrently.
+        settings: The settings (a signing key signs the results, as a worker does).
     """
-
-    timings: CallTimings | None = None
-    """Calls run here report no timings."""
 
     def __init__(
         self,
@@ -52,8 +56,11 @@ class InProcessDispatcher:
         max_workers: int = 64,
         settings: Settings | None = None,
     ) -> None:
-        self.settings = settings or Settings()
-        self.policies = policies if policies is not None else self.settings.policies()
+        settings = settings or Settings()
+        self._table = WatchTable()
+        super().__init__(
+            settings, policies if policies is not None else settings.policies(), self._table
+        )
         self._tools = {tool.name: tool for tool in tools}
         self._specs = {
             tool.name: tool_spec(tool, self.policies.for_tool(tool.name)) for tool in tools
@@ -61,16 +68,18 @@ class InProcessDispatcher:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="toolfleet-inprocess"
         )
-        self._lock = threading.Lock()
-        self._futures: dict[str, concurrent.futures.Future[ToolResult]] = {}
-        self._calls: dict[str, PreparedCall] = {}
+        self._runs_lock = threading.Lock()
+        self._runs: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}
+        """Every call sent here, by task id: its run, whose result is its ready meta."""
+        self._revoked: set[str] = set()
         self.published: Counter[str] = Counter()
         """How many times each task id was handed to the pool (always 0 or 1)."""
         self.cancelled: list[str] = []
-        """Task ids :meth:`cancel` was asked to revoke."""
+        """Task ids sent here that a cancellation revoked."""
         self.placements: list[PlacementTable] = []
         """Every tool placement :meth:`note_placement` was given."""
-        self._revoked: set[str] = set()
+
+    # -- registry -------------------------------------------------------------------------
 
     def served_tools(self, *, fresh: bool = False) -> Mapping[str, ToolSpec]:
         """Every tool given to the constructor."""
@@ -93,106 +102,82 @@ class InProcessDispatcher:
         """Remember the placement (see :attr:`placements`)."""
         self.note_placement(table)
 
-    def submit(self, calls: Sequence[PreparedCall], on_state: StateCallback | None = None) -> None:
-        """Start every call not started yet."""
-        with self._lock:
+    # -- the transport --------------------------------------------------------------------
+
+    def _send(self, calls: Sequence[PreparedCall]) -> Mapping[str, Outcome]:
+        outcomes: dict[str, Outcome] = {}
+        with self._runs_lock:
             for call in calls:
-                if call.task_id in self._futures:
+                run = self._runs.get(call.task_id)
+                if run is not None:  # sent before: wait for that run (or read its end)
+                    outcomes[call.task_id] = Outcome.STORED if run.done() else Outcome.ATTACHED
                     continue
                 self.published[call.task_id] += 1
-                self._calls[call.task_id] = call
-                if call.task_id in self._revoked:
-                    # Cancelled before it was sent: answered, never run (as a worker does).
-                    done: concurrent.futures.Future[ToolResult] = concurrent.futures.Future()
-                    done.set_result(_cancelled(call))
-                    self._futures[call.task_id] = done
-                else:
-                    self._futures[call.task_id] = self._pool.submit(self._run, call)
+                self._runs[call.task_id] = self._pool.submit(self._run, call)
+                outcomes[call.task_id] = Outcome.PUBLISHED
+        self._published(outcomes)
+        return outcomes
 
-    async def submit_async(self, call: PreparedCall, on_state: StateCallback | None = None) -> None:
-        """Start ``call`` (async flavour of :meth:`submit`)."""
-        self.submit([call], on_state)
+    async def _send_async(self, call: PreparedCall) -> Outcome:
+        return self._send([call])[call.task_id]
 
-    def _run(self, call: PreparedCall) -> ToolResult:
-        with self._lock:
-            if call.task_id in self._revoked:
-                return _cancelled(call)
+    def _read_now(self, task_ids: Sequence[str]) -> None:
+        for task_id in task_ids:
+            with self._runs_lock:
+                run = self._runs.get(task_id)
+                revoked = task_id in self._revoked
+            if run is None or not run.done():
+                continue  # a run still going hands its states in when it ends
+            meta = _revoked_meta(task_id) if run.cancelled() or revoked else run.result()
+            self._table.apply(task_id, meta)
+
+    def _revoke_sent(self, task_ids: Sequence[str], terminate: bool) -> None:
+        # A running thread cannot be stopped: its result is dropped (nobody waits).
+        with self._runs_lock:
+            self.cancelled.extend(task_ids)
+            self._revoked.update(task_ids)
+            for task_id in task_ids:
+                run = self._runs.get(task_id)
+                if run is not None:
+                    run.cancel()  # not started yet: it never runs
+
+    def _run(self, call: PreparedCall) -> dict[str, Any]:
+        with self._runs_lock:
+            revoked = call.task_id in self._revoked
+        if revoked:
+            meta = _revoked_meta(call.task_id)
+        else:
+            self._table.apply(call.task_id, {"status": "STARTED", "task_id": call.task_id})
+            try:
+                meta = {"status": "SUCCESS", "task_id": call.task_id, "result": self._answer(call)}
+            except Exception as exc:  # stored as a worker's Celery stores a task's failure
+                meta = {"status": "FAILURE", "task_id": call.task_id, "result": _failure(exc)}
+        self._table.apply(call.task_id, meta)
+        return meta
+
+    def _answer(self, call: PreparedCall) -> dict[str, Any]:
+        """The call's result in wire form, signed as a worker signs it."""
         tool = self._tools.get(call.tool)
         if tool is None:
-            return ToolResult.error("unknown_tool", not_served_there_text(call.tool))
-        return run_call(tool, call.request(), worker="in-process", limits=Limits())
-
-    def _future(self, call: PreparedCall) -> concurrent.futures.Future[ToolResult]:
-        self.submit([call])
-        with self._lock:
-            return self._futures[call.task_id]
-
-    def wait(self, call: PreparedCall, timeout: float | None = None) -> ToolResult:
-        """Block until the call ran.
-
-        Raises:
-            ResultTimeout: not done within ``timeout`` seconds.
-        """
-        try:
-            return self._future(call).result(_left(call, timeout))
-        except concurrent.futures.TimeoutError as exc:
-            raise ResultTimeout(f"no result for {call.tool} call {call.call_id}") from exc
-
-    async def wait_async(self, call: PreparedCall, timeout: float | None = None) -> ToolResult:
-        """Await the call's result.
-
-        Raises:
-            ResultTimeout: not done within ``timeout`` seconds.
-        """
-        try:
-            return await asyncio.wait_for(
-                asyncio.wrap_future(self._future(call)), _left(call, timeout)
-            )
-        except TimeoutError as exc:
-            raise ResultTimeout(f"no result for {call.tool} call {call.call_id}") from exc
-
-    def cancel(self, calls: Sequence[PreparedCall], terminate: bool = True) -> None:
-        """Forget the calls (a running thread cannot be stopped; its result is dropped).
-
-        A cancelled call that has not started never runs: submitted again (a resumed
-        run), it is answered ``cancelled``, as a worker answers it.
-        """
-        with self._lock:
-            for call in calls:
-                self.cancelled.append(call.task_id)
-                self._revoked.add(call.task_id)
-                future = self._futures.pop(call.task_id, None)
-                self._calls.pop(call.task_id, None)
-                if future is not None:
-                    future.cancel()
-
-    async def cancel_async(self, calls: Sequence[PreparedCall], terminate: bool = True) -> None:
-        """Forget the calls (async flavour of :meth:`cancel`)."""
-        self.cancel(calls, terminate)
-
-    def in_flight(self) -> int:
-        """Calls started and not yet collected or cancelled."""
-        with self._lock:
-            return sum(1 for future in self._futures.values() if not future.done())
-
-    def data_losses(self) -> int:
-        """No Redis in process: nothing to lose."""
-        return 0
+            result = ToolResult.error("unknown_tool", not_served_there_text(call.tool))
+        else:
+            result = run_call(tool, call.request(), worker=WORKER, limits=Limits())
+        wire = result.to_wire()
+        key = self.settings.signing_key
+        return sign_result(key, call.task_id, wire) if key else wire
 
     def close(self) -> None:
-        """Stop the thread pool."""
+        """Stop waiting, and stop the thread pool (a running tool finishes on its own)."""
+        super().close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _left(call: PreparedCall, timeout: float | None) -> float | None:
-    """Seconds until the call's deadline or ``timeout``, whichever is first."""
-    deadline = deadline_of(call, timeout)
-    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+def _failure(exc: Exception) -> dict[str, Any]:
+    """A failure record as Celery's result backend writes one."""
+    kind = type(exc)
+    return {"exc_type": kind.__name__, "exc_message": [str(exc)], "exc_module": kind.__module__}
 
 
-def _cancelled(call: PreparedCall) -> ToolResult:
-    return ToolResult.error(
-        "cancelled",
-        f"Error: the call to '{call.tool}' was cancelled before it started, and was not run.",
-        worker="in-process",
-    )
+def _revoked_meta(task_id: str) -> dict[str, Any]:
+    """The state a worker stores for a call revoked before it started."""
+    return {"status": "REVOKED", "task_id": task_id, "result": None}

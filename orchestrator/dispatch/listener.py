@@ -32,7 +32,7 @@ from redis.exceptions import RedisError
 from orchestrator.backoff import subscribe_forever
 from orchestrator.dispatch.late import LATE_OPENING
 from orchestrator.dispatch.link import LinkHealth
-from orchestrator.dispatch.watch import StateCallback, Watch, WatchTable
+from orchestrator.dispatch.watch import StateCallback, WatchTable
 
 log = logging.getLogger("toolfleet.results")
 
@@ -84,29 +84,10 @@ class ResultListener:
     def watch(
         self, task_ids: Iterable[str], on_state: StateCallback | None = None
     ) -> dict[str, concurrent.futures.Future[dict[str, Any]]]:
-        """Futures resolving to each call's ready Celery meta.
-
-        Watching a call that is already watched shares its future. Call :meth:`release`
-        once per watch when the result is no longer wanted.
-
-        Args:
-            task_ids: The calls.
-            on_state: Called on every state change (from the listener thread).
-        """
+        """Futures resolving to each call's ready Celery meta (:meth:`WatchTable.watch`;
+        ``on_state`` is called from the listener thread)."""
         self._ensure_started()
-        futures: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}
-        with self._lock:
-            for task_id in task_ids:
-                watch = self._watches.get(task_id)
-                if watch is None:
-                    watch = Watch(concurrent.futures.Future())
-                    self._watches[task_id] = watch
-                else:
-                    watch.waiters += 1
-                if on_state is not None:
-                    watch.on_state.append(on_state)
-                futures[task_id] = watch.future
-        return futures
+        return self._table.watch(task_ids, on_state)
 
     def read_now(self, task_ids: Iterable[str]) -> None:
         """Read these calls' results now (they may be stored already, or be reported on
@@ -130,21 +111,11 @@ class ResultListener:
 
     def release(self, task_id: str) -> None:
         """Drop one watch of ``task_id``."""
-        with self._lock:
-            watch = self._watches.get(task_id)
-            if watch is None:
-                return
-            watch.waiters -= 1
-            if watch.waiters > 0:
-                return
-            del self._watches[task_id]
-        if not watch.future.done():
-            watch.future.cancel()
+        self._table.release(task_id)
 
     def pending(self) -> int:
         """How many calls are watched now."""
-        with self._lock:
-            return len(self._watches)
+        return self._table.pending()
 
     def last_activity(self, task_id: str) -> float | None:
         """When (monotonic) a started call last showed life; ``None`` if not started."""
@@ -154,10 +125,7 @@ class ResultListener:
         """Stop the listener thread; pending futures are cancelled."""
         with self._lock:
             self._closed = True
-            watches = list(self._watches.values())
-            self._watches.clear()
-        for watch in watches:
-            watch.future.cancel()
+        self._table.close()
         self._stopping.set()
         if self._loop is not None and self._thread is not None:
             with contextlib.suppress(RuntimeError):  # loop already closed

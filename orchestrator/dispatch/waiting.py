@@ -4,7 +4,7 @@ A waiter blocks (sync) or awaits (async) the call's future for :meth:`Waiting.st
 seconds at a time; between steps it asks :meth:`Waiting.between` what to do: give up
 (the deadline passed), answer a hung call (its idle timeout), check that someone still
 owns the call, or simply wait on. The two shells in
-:class:`~orchestrator.dispatch.dispatcher.CeleryDispatcher` only differ in how they wait
+:class:`~orchestrator.dispatch.transport.TransportDispatcher` only differ in how they wait
 and where their I/O runs.
 """
 

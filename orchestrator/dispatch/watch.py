@@ -1,4 +1,5 @@
-"""What the result listener keeps per watched call, and how it tells observers."""
+"""What a dispatcher keeps per watched call, and how it tells observers: the table a
+transport hands each call's states into."""
 
 from __future__ import annotations
 
@@ -57,6 +58,58 @@ class WatchTable:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.watches: dict[str, Watch] = {}
+
+    def watch(
+        self, task_ids: Iterable[str], on_state: StateCallback | None = None
+    ) -> dict[str, concurrent.futures.Future[dict[str, Any]]]:
+        """Futures resolving to each call's ready Celery meta.
+
+        Watching a call that is already watched shares its future. Call :meth:`release`
+        once per watch when the result is no longer wanted.
+
+        Args:
+            task_ids: The calls.
+            on_state: Called on every state change (from the thread that delivers it).
+        """
+        futures: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}
+        with self.lock:
+            for task_id in task_ids:
+                watch = self.watches.get(task_id)
+                if watch is None:
+                    watch = Watch(concurrent.futures.Future())
+                    self.watches[task_id] = watch
+                else:
+                    watch.waiters += 1
+                if on_state is not None:
+                    watch.on_state.append(on_state)
+                futures[task_id] = watch.future
+        return futures
+
+    def release(self, task_id: str) -> None:
+        """Drop one watch of ``task_id``."""
+        with self.lock:
+            watch = self.watches.get(task_id)
+            if watch is None:
+                return
+            watch.waiters -= 1
+            if watch.waiters > 0:
+                return
+            del self.watches[task_id]
+        if not watch.future.done():
+            watch.future.cancel()
+
+    def pending(self) -> int:
+        """How many calls are watched now."""
+        with self.lock:
+            return len(self.watches)
+
+    def close(self) -> None:
+        """Drop every watch; pending futures are cancelled."""
+        with self.lock:
+            watches = list(self.watches.values())
+            self.watches.clear()
+        for watch in watches:
+            watch.future.cancel()
 
     def deliver_reply(self, raw: bytes) -> None:
         """A message on the reply channel: a state or a progress batch of some call."""

@@ -556,10 +556,17 @@ def test_given_graphs_without_thread_or_message_ids_when_two_runs_call_0_then_ea
 
 
 def test_in_process_call_cancelled_before_it_starts_never_runs() -> None:
-    """Given a call cancelled before it was submitted (as a run cancelled while its
-    worker was down), when it is submitted again, then it is answered cancelled and the
-    tool never runs, as a worker reading the revocation record answers it."""
+    """Given a call sent but not started (its worker busy), when it is cancelled and the
+    resumed run waits for it again, then it is answered cancelled and the tool never
+    runs, as a worker reading the revocation record answers it."""
     ran: list[int] = []
+    release = threading.Event()
+
+    @tool
+    def hold() -> str:
+        """Holds the only worker thread."""
+        release.wait(10)
+        return "held"
 
     @tool
     def effect(x: int) -> str:
@@ -567,13 +574,18 @@ def test_in_process_call_cancelled_before_it_starts_never_runs() -> None:
         ran.append(x)
         return "ran"
 
-    dispatcher = InProcessDispatcher([effect])
+    dispatcher = InProcessDispatcher([hold, effect], max_workers=1)
+    busy = PreparedCall(tool="hold", call_id="h", args={}, task_id=task_id_for("h"))
     call = PreparedCall(tool="effect", call_id="c", args={"x": 1}, task_id=task_id_for("c"))
     try:
+        dispatcher.submit([busy, call])
         dispatcher.cancel([call])
+        release.set()
+        assert dispatcher.wait(busy, timeout=5).content == "held"
         result = dispatcher.wait(call, timeout=5)
     finally:
         dispatcher.close()
 
     assert result.status == "error" and result.error_kind == "cancelled"
     assert ran == []
+    assert dispatcher.cancelled == [call.task_id]

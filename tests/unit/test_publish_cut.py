@@ -17,9 +17,10 @@ import pytest
 
 from orchestrator.call import PreparedCall
 from orchestrator.dispatch import publish
-from orchestrator.dispatch.dispatcher import REVOKE_WAIT, CeleryDispatcher
+from orchestrator.dispatch.dispatcher import CeleryDispatcher
 from orchestrator.dispatch.loop_redis import LoopClients
 from orchestrator.dispatch.publish import Publisher
+from orchestrator.dispatch.transport import REVOKE_WAIT
 from tool_workers.contract.connections import async_redis_client, redis_client
 from tool_workers.contract.errors import DispatchError, ResultTimeout
 from tool_workers.contract.settings import Settings
