@@ -46,6 +46,19 @@ AT_CAPACITY: dict[int | str, dict[str, Any]] = {
 RUN_START = {**NOT_FOUND, **CONFLICT, **AT_CAPACITY}
 """What starting a run may answer besides its result."""
 
+SSE: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"}
+}
+"""A stream's answer."""
+
+JOIN_STREAM = {
+    **SSE,
+    **NOT_FOUND,
+    **AT_CAPACITY,
+    422: {"description": "Last-Event-ID is not an event id"},
+}
+"""What joining a run's or a thread's stream may answer."""
+
 _GUARD = {
     "401": "Missing or invalid API token",
     "413": "Request body over TOOLFLEET_MAX_BODY_BYTES, or a write past the tenant's "

@@ -13,7 +13,7 @@ import re
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import Path
+from fastapi import Path, Query
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -61,6 +61,24 @@ TERMINAL_STATUSES = frozenset({"error", "success", "timeout", "interrupted"})
 
 ID_MAX_CHARS = 256
 """Longest thread, run, assistant or checkpoint id accepted."""
+
+PAGE_MAX = 1000
+"""The most records one page of a list or a search holds."""
+
+OFFSET_MAX = 1_000_000
+"""The furthest offset a list or a search starts at."""
+
+PageLimit = Annotated[int, Field(ge=1, le=PAGE_MAX)]
+"""A page's size in a request body."""
+
+PageOffset = Annotated[int, Field(ge=0, le=OFFSET_MAX)]
+"""A page's offset in a request body."""
+
+LimitQuery = Annotated[int, Query(ge=1, le=PAGE_MAX)]
+"""A page's size in a query string."""
+
+OffsetQuery = Annotated[int, Query(ge=0, le=OFFSET_MAX)]
+"""A page's offset in a query string."""
 
 _PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
 """No control characters: ids go into headers (``Location``) and log lines."""
@@ -438,8 +456,8 @@ class ThreadSearch(RequestBody):
     metadata: JsonObject | None = None
     ids: list[Id] | None = Field(default=None, max_length=1000)
     status: ThreadStatus | None = None
-    limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0, le=1_000_000)
+    limit: PageLimit = 10
+    offset: PageOffset = 0
     sort_by: ThreadSortBy | None = None
     """Default: ``updated_at``, most recent first."""
     sort_order: SortOrder | None = None
@@ -466,7 +484,7 @@ class ThreadPrune(RequestBody):
 class HistoryRequest(RequestBody):
     """Body of ``POST /threads/{thread_id}/history``."""
 
-    limit: int = Field(default=10, ge=1, le=1000)
+    limit: PageLimit = 10
     before: Id | CheckpointRef | None = None
     """Only checkpoints older than this one: its id, the checkpoint (the Python SDK), or a
     config whose ``configurable`` is the checkpoint (the JS SDK)."""
@@ -539,8 +557,8 @@ class AssistantCount(RequestBody):
 class AssistantSearch(AssistantCount):
     """Body of ``POST /assistants/search``."""
 
-    limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0, le=1_000_000)
+    limit: PageLimit = 10
+    offset: PageOffset = 0
     sort_by: AssistantSortBy | None = None
     """Default: ``created_at``, newest first; names and graph ids ignore case."""
     sort_order: SortOrder | None = None
@@ -580,8 +598,8 @@ class AssistantVersionsSearch(RequestBody):
     """Body of ``POST /assistants/{assistant_id}/versions``."""
 
     metadata: JsonObject | None = None
-    limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0, le=1_000_000)
+    limit: PageLimit = 10
+    offset: PageOffset = 0
 
 
 class AssistantLatest(RequestBody):

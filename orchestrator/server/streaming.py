@@ -23,7 +23,8 @@ from urllib.parse import quote
 from fastapi.responses import StreamingResponse
 
 from orchestrator.server.encoding import SSE_HEARTBEAT, dumps, sse_frame
-from orchestrator.server.eventlog import END, FollowerDropped
+from orchestrator.server.errors import Unsupported
+from orchestrator.server.eventlog import END, FollowerDropped, parse_id
 from orchestrator.server.records import RunRecord
 from orchestrator.server.runner import RunManager
 
@@ -32,6 +33,21 @@ _PATH_SAFE = ":@!$&'()*+,;=-._~"
 
 HEARTBEAT = 15.0
 """Seconds of silence after which a comment line keeps the connection open."""
+
+
+def event_id(last_event_id: str) -> str:
+    """A ``Last-Event-ID`` a stream resumes after, checked to be an event id of this
+    server (``<ms>-<seq>``).
+
+    Raises:
+        Unsupported: it is not one (a 422: resuming from the start instead would replay
+            parts the client already has).
+    """
+    try:
+        parse_id(last_event_id)
+    except ValueError:
+        raise Unsupported("Last-Event-ID is not an event id of this server") from None
+    return last_event_id
 
 
 class HeldStreamingResponse(StreamingResponse):

@@ -47,6 +47,8 @@ from orchestrator.server.schemas import (
     Id,
     JsonObject,
     MultitaskStrategy,
+    PageLimit,
+    PageOffset,
     RequestBody,
     RunConfig,
     SortOrder,
@@ -233,8 +235,8 @@ class CronSearch(CronCount):
     """Body of ``POST /runs/crons/search``."""
 
     enabled: bool | None = None
-    limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0, le=1_000_000)
+    limit: PageLimit = 10
+    offset: PageOffset = 0
     sort_by: CronSortBy | None = None
     """Default: ``created_at``, newest first."""
     sort_order: SortOrder | None = None

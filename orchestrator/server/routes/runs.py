@@ -10,17 +10,18 @@ from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 
 from orchestrator.server.encoding import dumps
-from orchestrator.server.errors import Conflict, NotFound, Unsupported
-from orchestrator.server.eventlog import parse_id
+from orchestrator.server.errors import Conflict, NotFound
 from orchestrator.server.guards import runlist
-from orchestrator.server.openapi import AT_CAPACITY, CONFLICT, NOT_FOUND, RUN_START
+from orchestrator.server.openapi import CONFLICT, JOIN_STREAM, NOT_FOUND, RUN_START, SSE
 from orchestrator.server.records import RunRecord
 from orchestrator.server.responses import Run
 from orchestrator.server.routes.threads import existing_thread
 from orchestrator.server.runconfig import thread_config
 from orchestrator.server.schemas import (
     CancelAction,
+    LimitQuery,
     NewThreadId,
+    OffsetQuery,
     RunCreate,
     RunField,
     RunId,
@@ -29,15 +30,10 @@ from orchestrator.server.schemas import (
 )
 from orchestrator.server.selection import picked
 from orchestrator.server.services import Services, Svc, Tenant, json_response
-from orchestrator.server.streaming import event_filter, run_locations, sse_response
+from orchestrator.server.streaming import event_filter, event_id, run_locations, sse_response
 from orchestrator.server.streamquota import Streams
 
 router = APIRouter(tags=["runs"])
-
-_SSE: dict[int | str, dict[str, Any]] = {
-    200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"}
-}
-
 
 # -- starting runs ----------------------------------------------------------------------
 
@@ -68,7 +64,7 @@ async def create_stateless_run(svc: Svc, tenant: Tenant, body: RunCreate) -> Any
 
 @router.post(
     "/threads/{thread_id}/runs/stream",
-    responses={**_SSE, **RUN_START},
+    responses={**SSE, **RUN_START},
     response_class=StreamingResponse,
 )
 async def stream_run(
@@ -79,7 +75,7 @@ async def stream_run(
     return await _start_streaming(svc, tenant, thread_id, body)
 
 
-@router.post("/runs/stream", responses={**_SSE, **RUN_START}, response_class=StreamingResponse)
+@router.post("/runs/stream", responses={**SSE, **RUN_START}, response_class=StreamingResponse)
 async def stream_stateless_run(svc: Svc, tenant: Tenant, body: RunCreate) -> StreamingResponse:
     """Start a run on a new thread of its own and stream it."""
     return await _start_streaming(svc, tenant, None, body)
@@ -105,8 +101,8 @@ async def list_runs(
     svc: Svc,
     tenant: Tenant,
     thread_id: ThreadId,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 10,
-    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+    limit: LimitQuery = 10,
+    offset: OffsetQuery = 0,
     # Neither "... | None": a nullable query parameter is documented as accepting the
     # text "null", which no status or field is.
     status: RunStatus = None,  # type: ignore[assignment]
@@ -152,12 +148,7 @@ async def join_run(
 
 @router.get(
     "/threads/{thread_id}/runs/{run_id}/stream",
-    responses={
-        **_SSE,
-        **NOT_FOUND,
-        **AT_CAPACITY,
-        422: {"description": "Last-Event-ID is not an event id"},
-    },
+    responses=JOIN_STREAM,
     response_class=StreamingResponse,
 )
 async def join_stream(
@@ -183,11 +174,7 @@ async def join_stream(
     if last_event_id == FROM_THE_START:
         last_event_id = None
     run = await svc.runs.get_run(tenant, thread_id, run_id)
-    after = last_event_id or "0-0"
-    try:
-        parse_id(after)
-    except ValueError:
-        raise Unsupported("Last-Event-ID is not an event id of this server") from None
+    after = event_id(last_event_id or "0-0")
     asked = [m for m in stream_mode or () if m]  # the SDK sends "stream_mode=" for none
     # As LangGraph's server: the modes the run streamed unless the client names some
     # (not the ``custom`` every run records), and no second ``metadata`` on a reconnect.

@@ -21,7 +21,7 @@ from pydantic.json_schema import SkipJsonSchema
 from orchestrator.server.encoding import dumps
 from orchestrator.server.errors import Unsupported
 from orchestrator.server.guards.account import item_field, size_of
-from orchestrator.server.schemas import ID_MAX_CHARS, JsonObject, RequestBody
+from orchestrator.server.schemas import ID_MAX_CHARS, JsonObject, PageLimit, PageOffset, RequestBody
 from orchestrator.server.services import Svc, Tenant, json_response
 
 router = APIRouter(prefix="/store", tags=["store"])
@@ -78,8 +78,8 @@ class ItemSearch(RequestBody):
     namespace_prefix: Annotated[list[Label], Field(max_length=32)] = Field(default_factory=list)
     filter: Annotated[dict[str, FilterValue], Field(max_length=100)] | None = None
     """Items whose value has these fields (``a.b`` for nested ones), equal or compared."""
-    limit: int = Field(default=10, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0, le=1_000_000)
+    limit: PageLimit = 10
+    offset: PageOffset = 0
     query: Annotated[str, StringConstraints(max_length=10_000)] | None = None
     """Natural-language query: ranks items by meaning with a store that has an index."""
     refresh_ttl: bool | None = None
@@ -91,8 +91,8 @@ class NamespaceSearch(RequestBody):
     prefix: Annotated[list[Label], Field(max_length=32)] | None = None
     suffix: Annotated[list[Label], Field(max_length=32)] | None = None
     max_depth: int | None = Field(default=None, ge=1, le=32)
-    limit: int = Field(default=100, ge=1, le=1000)
-    offset: int = Field(default=0, ge=0, le=1_000_000)
+    limit: PageLimit = 100
+    offset: PageOffset = 0
 
 
 def tenant_label(tenant: str) -> str:

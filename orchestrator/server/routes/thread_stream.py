@@ -33,15 +33,14 @@ from fastapi.responses import StreamingResponse
 from pydantic import StringConstraints
 
 from orchestrator.server.encoding import SSE_HEARTBEAT, dumps, sse_frame
-from orchestrator.server.errors import Unsupported
 from orchestrator.server.eventlog import END, FollowerDropped, parse_id
 from orchestrator.server.guards import runlist
-from orchestrator.server.openapi import AT_CAPACITY, NOT_FOUND
+from orchestrator.server.openapi import JOIN_STREAM
 from orchestrator.server.records import RunRecord
 from orchestrator.server.routes.threads import existing_thread
 from orchestrator.server.schemas import ThreadId
 from orchestrator.server.services import Services, Svc, Tenant
-from orchestrator.server.streaming import HEARTBEAT, HeldStreamingResponse
+from orchestrator.server.streaming import HEARTBEAT, HeldStreamingResponse, event_id
 from orchestrator.server.streamquota import Streams
 
 router = APIRouter(prefix="/threads", tags=["threads"])
@@ -68,12 +67,7 @@ reads them)."""
 
 @router.get(
     "/{thread_id}/stream",
-    responses={
-        200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"},
-        **NOT_FOUND,
-        **AT_CAPACITY,
-        422: {"description": "Last-Event-ID is not an event id"},
-    },
+    responses=JOIN_STREAM,
     response_class=StreamingResponse,
 )
 async def join_thread_stream(
@@ -97,10 +91,7 @@ async def join_thread_stream(
     since)."""
     record = await existing_thread(svc, tenant, thread_id)
     if last_event_id is not None:
-        try:
-            parse_id(last_event_id)
-        except ValueError:
-            raise Unsupported("Last-Event-ID is not an event id of this server") from None
+        event_id(last_event_id)
     named = {mode for value in stream_modes for mode in value.split(",")}
     modes: set[str] = named or set(stream_mode)
     body = _frames(svc, record.key, modes, last_event_id)

@@ -29,6 +29,7 @@ from orchestrator.server.schemas import (
     CheckpointRef,
     HistoryRequest,
     ItemId,
+    LimitQuery,
     StateAtCheckpoint,
     ThreadCreate,
     ThreadId,
@@ -236,7 +237,7 @@ async def get_history(
     svc: Svc,
     tenant: Tenant,
     thread_id: ThreadId,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 10,
+    limit: LimitQuery = 10,
     before: Annotated[str | None, Query(max_length=ID_MAX_CHARS)] = None,
 ) -> Response:
     """The thread's checkpoints, newest first (the query-string form)."""
