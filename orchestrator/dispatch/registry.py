@@ -38,6 +38,10 @@ from tool_workers.contract.toolnames import owner
 
 log = logging.getLogger("toolfleet.registry")
 
+REPORTS_KEPT = 1024
+"""Reports of disagreeing workers remembered (made once each); past that they are made
+again."""
+
 PLACEMENT_TTL = 3600
 """Seconds a published tool placement is kept (``toolfleet status`` shows it)."""
 
@@ -159,13 +163,10 @@ def _report(
     variants = {spec.model_dump_json() for _, spec in offered}
     if len(variants) == 1 and chosen[1].queue == policy.queue:
         return
-    fingerprint = f"{name}\x1f{sorted((w, s.model_dump_json()) for w, s in offered)}"
-    if reported is not None:
-        if fingerprint in reported:
-            return
-        if len(reported) > 1024:
-            reported.clear()
-        reported.add(fingerprint)
+    if not _first_report(
+        f"{name}\x1f{sorted((w, s.model_dump_json()) for w, s in offered)}", reported
+    ):
+        return
     workers = ", ".join(sorted(f"{w} (version {s.version}, queue {s.queue!r})" for w, s in offered))
     if len(by_version) > 1:
         log.warning(
@@ -187,15 +188,25 @@ def _report(
     )
 
 
+def _first_report(fingerprint: str, reported: set[str] | None) -> bool:
+    """Whether a report is made for the first time (``reported``: those made, forgotten
+    past :data:`REPORTS_KEPT`; ``None``: every report is made)."""
+    if reported is None:
+        return True
+    if fingerprint in reported:
+        return False
+    if len(reported) >= REPORTS_KEPT:
+        reported.clear()
+    reported.add(fingerprint)
+    return True
+
+
 def _report_taken(
     name: str, source: str, owned_by: str, worker: str, reported: set[str] | None
 ) -> None:
     """Log, once, a worker offering a name another source serves (its offer is ignored)."""
-    fingerprint = f"taken\x1f{name}\x1f{source}\x1f{worker}"
-    if reported is not None:
-        if fingerprint in reported:
-            return
-        reported.add(fingerprint)
+    if not _first_report(f"taken\x1f{name}\x1f{source}\x1f{worker}", reported):
+        return
     log.error(
         "worker %s offers tool %s from %s, but %s serves that name: its offer is ignored "
         "(TOOLFLEET_REGISTRY_SHARED_NAMES lets several sources serve a name)",
@@ -216,11 +227,8 @@ def _report_by_hand(
     )
     if not missing:
         return
-    fingerprint = f"by-hand\x1f{name}\x1f{queue}\x1f{missing}"
-    if reported is not None:
-        if fingerprint in reported:
-            return
-        reported.add(fingerprint)
+    if not _first_report(f"by-hand\x1f{name}\x1f{queue}\x1f{missing}", reported):
+        return
     log.warning(
         "the policy file routes %s to queue %r, but %s consume(s) that queue without "
         "serving %s: calls they receive are handed on; remove the tool's queue from the "
