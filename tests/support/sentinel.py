@@ -158,8 +158,18 @@ class SentinelRedis:
         return int(address[1])
 
     def kill_primary(self) -> None:
-        """SIGKILL the primary (a lost host)."""
+        """SIGKILL the primary (a lost host), then hold its port, bound and not listening
+        (connections are refused), until the topology stops: tests run side by side, and
+        another test's server given the freed port would be taken for this primary by
+        the replica's link and the Sentinels (seen: it joined another topology's
+        primary as a second replica)."""
+        port = _port(self.primary.url)
         self.primary.kill()
+        hold = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._stack.callback(hold.close)
+        with contextlib.suppress(OSError):  # taken already: nothing more to do here
+            hold.bind(("127.0.0.1", port))
 
     def wait_failover(self, seconds: float = 30.0) -> None:
         """Until every Sentinel names the replica as the primary."""
