@@ -1,16 +1,18 @@
 """An in-process dispatcher: runs tools in threads of this process, no broker.
 
 The one module of the orchestrator that imports the worker's execution code
-(:mod:`tool_workers.runtime.execute`, :mod:`tool_workers.runtime.tasks`): it *is* a
-worker, in-process.
+(:mod:`tool_workers.runtime.execute`, :mod:`tool_workers.runtime.tasks`,
+:mod:`tool_workers.runtime.registry`): it *is* a worker, in-process.
 
 For fast tests of agents (and of toolfleet itself). It is a transport under the shared
 dispatcher (:mod:`.transport`), so a call is watched, waited for (its deadline, its idle
-timeout), read and cancelled by the code that runs with real workers; only sending,
-revoking and the states are this module's. A call hands in the states a worker stores
-(``STARTED``, then ``SUCCESS`` with its result, signed when the settings have a signing
-key; ``REVOKED`` for a call cancelled before it started), and runs at most once per task
-id, as with the Celery dispatcher.
+timeout), read and cancelled by the code that runs with real workers, and its tools are
+served as the registry serves a worker's (its registry entry read by
+:func:`~orchestrator.dispatch.registry.served_versions`); only sending, revoking and the
+states are this module's. A call hands in the states a worker stores (``STARTED``, then
+``SUCCESS`` with its result, signed when the settings have a signing key; ``REVOKED``
+for a call cancelled before it started), and runs at most once per task id, as with the
+Celery dispatcher.
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ from langchain_core.tools import BaseTool
 from orchestrator.call import PreparedCall
 from orchestrator.dispatch.base import PlacementTable
 from orchestrator.dispatch.publish import Outcome
+from orchestrator.dispatch.registry import served_versions
 from orchestrator.dispatch.transport import TransportDispatcher
 from orchestrator.dispatch.watch import WatchTable
 from orchestrator.messages import not_served_there_text
 from tool_workers.contract.models import ToolResult, ToolSpec
+from tool_workers.contract.names import tool_queue
 from tool_workers.contract.settings import Settings, ToolPolicies
 from tool_workers.contract.signing import sign_result
 from tool_workers.runtime.execute import Limits, run_call
+from tool_workers.runtime.registry import build_entry
 from tool_workers.runtime.tasks import tool_spec
 
 WORKER = "in-process"
@@ -62,9 +67,13 @@ class InProcessDispatcher(TransportDispatcher):
             settings, policies if policies is not None else settings.policies(), self._table
         )
         self._tools = {tool.name: tool for tool in tools}
-        self._specs = {
-            tool.name: tool_spec(tool, self.policies.for_tool(tool.name)) for tool in tools
+        # Served as a worker serving these tools is: its registry entry, read by the
+        # registry's own code (versions, routing by tool, what only the orchestrator sets).
+        specs = [tool_spec(tool, self.policies.for_tool(tool.name)) for tool in tools]
+        queues = {spec.queue for spec in specs} | {
+            queue for spec in specs if (queue := tool_queue(spec.name, spec.version))
         }
+        self._served = served_versions([build_entry(WORKER, queues, specs)], self.policies)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="toolfleet-inprocess"
         )
@@ -83,16 +92,15 @@ class InProcessDispatcher(TransportDispatcher):
 
     def served_tools(self, *, fresh: bool = False) -> Mapping[str, ToolSpec]:
         """Every tool given to the constructor."""
-        return self._specs
+        return {name: next(iter(versions.values())) for name, versions in self._served.items()}
 
     async def served_tools_async(self, *, fresh: bool = False) -> Mapping[str, ToolSpec]:
         """Every tool given to the constructor."""
-        return self._specs
+        return self.served_tools()
 
     def served_versions(self, name: str) -> Mapping[str, ToolSpec]:
         """The one version of ``name`` given to the constructor (empty: none)."""
-        spec = self._specs.get(name)
-        return {} if spec is None else {spec.version: spec}
+        return self._served.get(name, {})
 
     def note_placement(self, table: PlacementTable) -> None:
         """Remember the placement (see :attr:`placements`)."""

@@ -47,6 +47,7 @@ def in_compat(module: str) -> bool:
 RUNS_THE_WORKER = {
     "orchestrator.dispatch.in_process": {
         "tool_workers.runtime.execute",
+        "tool_workers.runtime.registry",
         "tool_workers.runtime.tasks",
     },
     "orchestrator.bench.agents": {"tool_workers.builtin.diagnostics"},

@@ -16,7 +16,7 @@ from orchestrator.dispatch.dispatcher import CeleryDispatcher
 from orchestrator.dispatch.in_process import InProcessDispatcher
 from orchestrator.dispatch.transport import TransportDispatcher
 from tool_workers.contract.errors import ResultTimeout
-from tool_workers.contract.names import task_id_for
+from tool_workers.contract.names import task_id_for, tool_queue
 from tool_workers.contract.settings import Settings, ToolPolicies
 
 pytestmark = pytest.mark.timeout(60)
@@ -163,3 +163,16 @@ def test_given_a_call_run_once_when_it_is_sent_again_then_it_is_answered_without
     assert first.content == again.content == "once"
     assert ran == ["once"]
     assert dispatcher.published[call.task_id] == 1
+
+
+def test_given_tools_in_process_then_the_registry_serves_them_as_a_workers(
+    dispatchers: Any,
+) -> None:
+    dispatcher = dispatchers([echo])
+
+    spec = dispatcher.served_tools()["echo"]
+
+    assert spec.queue == tool_queue("echo", spec.version)  # routed by tool
+    assert "inject_messages" in spec.options  # what only the orchestrator decides
+    assert dispatcher.served_versions("echo") == {spec.version: spec}
+    assert dispatcher.served_versions("nothing") == {}
