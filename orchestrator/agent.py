@@ -100,8 +100,17 @@ def _init_chat_model(spec: str) -> BaseChatModel:
         ) from exc
 
 
-# What langgraph's Postgres savers expect of their connections.
-_PG_CONNECTION_KWARGS: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0}
+def _pool_options(settings: Settings) -> dict[str, Any]:
+    """The Postgres pool of either saver: ``database_pool_size`` connections of
+    ``database_url``, as langgraph's Postgres savers expect them (autocommit, no
+    prepared statements, rows as dicts)."""
+    from psycopg.rows import dict_row
+
+    return {
+        "conninfo": settings.database_url,
+        "max_size": settings.database_pool_size,
+        "kwargs": {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+    }
 
 
 @contextmanager
@@ -114,14 +123,11 @@ def checkpointer(settings: Settings) -> Iterator[BaseCheckpointSaver[Any]]:
     if settings.database_url:
         from langgraph.checkpoint.postgres import PostgresSaver
         from psycopg import Connection
-        from psycopg.rows import DictRow, dict_row
+        from psycopg.rows import DictRow
         from psycopg_pool import ConnectionPool
 
         pool: ConnectionPool[Connection[DictRow]] = ConnectionPool(
-            conninfo=settings.database_url,
-            max_size=settings.database_pool_size,
-            kwargs=_PG_CONNECTION_KWARGS | {"row_factory": dict_row},
-            open=True,
+            **_pool_options(settings), open=True
         )
         with pool:
             saver = PostgresSaver(pool)
@@ -141,14 +147,11 @@ async def async_checkpointer(settings: Settings) -> AsyncIterator[BaseCheckpoint
     if settings.database_url:
         from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
         from psycopg import AsyncConnection
-        from psycopg.rows import DictRow, dict_row
+        from psycopg.rows import DictRow
         from psycopg_pool import AsyncConnectionPool
 
         pool: AsyncConnectionPool[AsyncConnection[DictRow]] = AsyncConnectionPool(
-            conninfo=settings.database_url,
-            max_size=settings.database_pool_size,
-            kwargs=_PG_CONNECTION_KWARGS | {"row_factory": dict_row},
-            open=False,
+            **_pool_options(settings), open=False
         )
         await pool.open()
         try:
