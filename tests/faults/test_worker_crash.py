@@ -176,9 +176,11 @@ def test_pool_child_kill_soak(
         time.sleep(0.1 * (trial % 8))
         os.kill(int(started["pid"]), signal.SIGKILL)
         message = run.result()
-        runs = effects(counter, settings, tool)[run.task_id]
+        # Trial 0 kills right after the start: the tool may not have made its effect yet.
+        runs = effects(counter, settings, tool).get(run.task_id, 0)
         if tool == "charge":
-            assert runs == 1
+            assert runs <= 1  # never run again, whether it made its effect or not
             assert message.status == "error" or "(run 1)" in message.content
         else:
             assert message.status == "success"
+            assert runs >= 1
