@@ -82,7 +82,9 @@ def test_sigterm_hands_prefetched_calls_to_other_workers_at_once(
         # Nothing new goes to A once it got SIGTERM.
         (late,) = calls(specs, "touch", 1)
         dispatcher.submit([late])
-        assert wait_started(settings, late.task_id)["hostname"] == b.hostname
+        # B's four processes run the moved calls: the late one starts when one ends.
+        late_start = wait_started(settings, late.task_id, timeout=RUNNING + 20)
+        assert late_start["hostname"] == b.hostname
         results = {c.task_id: dispatcher.wait(c, timeout=60) for c in [*held, late]}
         assert a.process is not None
         exit_code = a.process.wait(timeout=30)
