@@ -74,6 +74,8 @@ class InProcessDispatcher(TransportDispatcher):
             queue for spec in specs if (queue := tool_queue(spec.name, spec.version))
         }
         self._served = served_versions([build_entry(WORKER, queues, specs)], self.policies)
+        self._shown = {name: next(iter(v.values())) for name, v in self._served.items()}
+        """Each tool's version shown to models (the first served): read on every call."""
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="toolfleet-inprocess"
         )
@@ -92,11 +94,11 @@ class InProcessDispatcher(TransportDispatcher):
 
     def served_tools(self, *, fresh: bool = False) -> Mapping[str, ToolSpec]:
         """Every tool given to the constructor."""
-        return {name: next(iter(versions.values())) for name, versions in self._served.items()}
+        return self._shown
 
     async def served_tools_async(self, *, fresh: bool = False) -> Mapping[str, ToolSpec]:
         """Every tool given to the constructor."""
-        return self.served_tools()
+        return self._shown
 
     def served_versions(self, name: str) -> Mapping[str, ToolSpec]:
         """The one version of ``name`` given to the constructor (empty: none)."""
