@@ -10,6 +10,11 @@ subscribes again after such a delay. Pub/sub keeps nothing for a subscriber that
 away, so each (re)subscription is announced to the caller: that is where it catches up
 with what was published meanwhile (the result listener reads the keys of the calls it
 waits for; the control channel's runs find a cancel request in their records).
+
+:func:`retried` runs one command (or pipeline, or script) against Redis and, after a lost
+connection, runs it again after such delays for a bounded time: a blip of the link is
+then no error of whoever asked. The command must be safe to run again, since a
+connection can be lost after the server applied it.
 """
 
 from __future__ import annotations
@@ -18,11 +23,18 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+T = TypeVar("T")
+
+LOST = (RedisConnectionError, RedisTimeoutError, OSError)
+"""Errors of a lost link (not of a command Redis refused): worth the same command again."""
 
 log = logging.getLogger("toolfleet")
 
@@ -62,6 +74,30 @@ class Backoff:
     def reset(self) -> None:
         """A try succeeded: the next failure waits a first delay again."""
         self._failures = 0
+
+
+async def retried(attempt: Callable[[int], Awaitable[T]], *, within: float, what: str) -> T:
+    """``await attempt(n)`` (``n``: the tries before this one) until it returns, trying
+    again after a lost link until ``within`` seconds have passed since the first loss.
+
+    Raises:
+        The last try's error: a lost link for longer than ``within``, or any other error
+        at once.
+    """
+    tries, until = 0, math.inf
+    backoff = Backoff()
+    while True:
+        try:
+            return await attempt(tries)
+        except LOST as exc:
+            now = time.monotonic()
+            if tries == 0:
+                until = now + within
+                log.warning("%s lost Redis (%r); trying again for %.1f s", what, exc, within)
+            if now >= until:
+                raise
+            tries += 1
+            await asyncio.sleep(min(backoff.next(), until - now))
 
 
 READ_TIMEOUT = 1.0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import re
 import uuid
@@ -28,9 +29,10 @@ from typing import Any, NamedTuple
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
-from orchestrator.backoff import Backoff
+from orchestrator.backoff import Backoff, retried
 from orchestrator.server.encoding import loads
 from orchestrator.server.keys import Keys
+from orchestrator.server.runlease import LEASE_SELF_STOP, LEASE_TTL_MS
 
 log = logging.getLogger("toolfleet.server")
 
@@ -39,6 +41,11 @@ END = "__end__"
 
 MAX_EVENTS = 10_000
 """Entries kept per run (approximately): a very long run's earliest parts are trimmed."""
+
+APPEND_RETRY = LEASE_SELF_STOP * LEASE_TTL_MS / 1000
+"""Seconds an append tries again after the link to Redis is lost: as long as a run goes on
+without renewing its lease, so a blip shorter than that neither fails a run nor hands it
+on."""
 
 BLOCK_MS = 5_000
 """Longest blocking read of the relay (its connection's socket timeout is longer)."""
@@ -103,18 +110,37 @@ class EventLog:
         ttl: Seconds the log is kept after its last entry.
     """
 
-    def __init__(self, client: aioredis.Redis, keys: Keys, ttl: int) -> None:
+    def __init__(
+        self, client: aioredis.Redis, keys: Keys, ttl: int, retry_for: float = APPEND_RETRY
+    ) -> None:
         self._r: Any = client  # redis-py's stubs type replies loosely
         self._keys = keys
         self._ttl = ttl
+        self._retry_for = retry_for
+        self._writer = uuid.uuid4().hex[:12]
+        self._written = itertools.count()
 
     async def append(self, run_id: str, event: str, data: bytes) -> None:
-        """Append one stream part."""
+        """Append one stream part, once, though the link to Redis is lost for up to
+        ``retry_for`` seconds (a try after a lost one first looks whether that one's
+        entry went in: each entry carries this log's writer id and a count)."""
         key = self._keys.events(run_id)
-        async with self._r.pipeline(transaction=False) as pipe:
-            pipe.xadd(key, {"e": event, "d": data}, maxlen=MAX_EVENTS, approximate=True)
-            pipe.expire(key, self._ttl)
-            await pipe.execute()
+        mark = f"{self._writer}:{next(self._written)}".encode()
+
+        async def write(tries: int) -> None:
+            if tries:
+                newest = await self._r.xrevrange(key, count=1)
+                if newest and newest[0][1].get(b"n") == mark:
+                    await self._r.expire(key, self._ttl)
+                    return
+            async with self._r.pipeline(transaction=False) as pipe:
+                pipe.xadd(
+                    key, {"e": event, "d": data, "n": mark}, maxlen=MAX_EVENTS, approximate=True
+                )
+                pipe.expire(key, self._ttl)
+                await pipe.execute()
+
+        await retried(write, within=self._retry_for, what=f"the stream of run {run_id}")
 
     async def end(self, run_id: str, status: str) -> None:
         """Mark the end of the run's stream parts."""

@@ -32,6 +32,11 @@ ones."""
 LEASE_TTL_MS = 10_000
 """A run lease not renewed for this long has lapsed: another replica takes the run over."""
 
+LEASE_SELF_STOP = 0.8
+"""The share of its lease's time after which a replica that could not renew it stops
+the run itself (before it lapses and another replica takes the run over); until then a
+run goes on through a lost link to Redis, trying its writes again."""
+
 _NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -121,6 +126,11 @@ class RunLeases:
         self._renew = client.register_script(_RENEW)
         self._claim = client.register_script(_CLAIM)
         self._if_owner = client.register_script(_IF_OWNER)
+
+    @property
+    def self_stop(self) -> float:
+        """Seconds without a renewal after which this replica stops its runs itself."""
+        return LEASE_SELF_STOP * self.ttl_ms / 1000
 
     async def take(self, run_id: str) -> None:
         """Lease a new run to this replica."""

@@ -35,10 +35,6 @@ from orchestrator.server.tenancy import TenantQuota
 
 log = logging.getLogger("toolfleet.server")
 
-LEASE_SELF_STOP = 0.8
-"""The share of its lease's time after which a replica that could not renew it stops
-the run itself (before it lapses and another replica takes the run over)."""
-
 
 class Drain:
     """How long a replica told to stop lets its runs go on before handing them on.
@@ -129,21 +125,27 @@ class RunTakeover(RunLookup):
             task.cancel()
 
     async def _keep_leases(self) -> None:
-        renewed = time.monotonic()
+        loop = asyncio.get_running_loop()
+        renewed = loop.time()
+        self_stop: asyncio.TimerHandle | None = None
         while True:
             await asyncio.sleep(LEASE_RENEW)
-            sent = time.monotonic()
+            sent = loop.time()
             try:
                 renewal = self.leases.renew(list(self._tasks))
                 lost = await asyncio.wait_for(renewal, timeout=LEASE_RENEW)
             except (RedisError, OSError, TimeoutError) as exc:
                 log.warning("could not renew the run leases (%r)", exc)
                 # Before they lapse, this replica's runs stop here: another one takes
-                # them over, and two replicas never go on with one run.
-                if time.monotonic() - renewed > LEASE_SELF_STOP * self.leases.ttl_ms / 1000:
-                    self._stop_here(list(self._tasks), "its lease could not be renewed")
+                # them over, and two replicas never go on with one run. On a timer, at
+                # that instant: the next look may come after they lapsed.
+                if self_stop is None:
+                    self_stop = loop.call_at(renewed + self.leases.self_stop, self._unrenewed)
                 continue
             renewed = sent  # the leases last at least their time from here
+            if self_stop is not None:
+                self_stop.cancel()
+                self_stop = None
             self._stop_here(lost, "its lease lapsed and another replica took it over")
             if self.drain.began is not None:
                 continue
@@ -157,6 +159,9 @@ class RunTakeover(RunLookup):
                     await self.take_over(run_id, former)
                 except Exception:  # its lease lapses again: a replica tries again then
                     log.exception("could not take over run %s", run_id)
+
+    def _unrenewed(self) -> None:
+        self._stop_here(list(self._tasks), "its lease could not be renewed")
 
     async def take_over(self, run_id: str, former: str) -> None:
         """Go on with a run whose lease this replica just claimed from ``former``: as its

@@ -446,3 +446,61 @@ def test_a_replica_cut_off_from_redis_stops_its_run_before_another_takes_it_over
     attempts = [h["metadata"].get("run_attempt") for h in history]  # newest first
     assert attempts == sorted(attempts, reverse=True) and attempts[0] == 2, attempts
     ran_once(prefork_fleet, before, 1)
+
+
+def test_a_redis_blip_mid_run_neither_fails_nor_hands_over_the_run(
+    database_url: str, prefork_fleet: Settings, tmp_path: Path
+) -> None:
+    """Given replica A whose Redis link goes through a proxy, in the 3 s model step of a
+    run, when the link is cut for 5 s (the step ends inside the cut, so its stream part
+    cannot be written at once), then A writes that part once Redis is back and goes on
+    with the run as its first and only attempt: it ends success on A, its call run once,
+    every stream part once, and A's log says no run failed or was taken over."""
+    token = f"tft-token-{uuid.uuid4().hex}"
+    url = urlsplit(prefork_fleet.own_redis_url)
+    before = charged(prefork_fleet)
+    model = ask(("charge", {"amount": 7, "seconds": 0.2}), model_delay=3)
+    with CutProxy(url.hostname or "127.0.0.1", url.port or 6379) as link:
+        through = proxied(prefork_fleet.own_redis_url, link.port)
+        a = start_server(
+            prefork_fleet,
+            tmp_path / "a",
+            "a",
+            broker_url=through,
+            database_url=database_url,
+            api_tokens=(token,),
+        )
+        try:
+
+            async def start() -> tuple[str, dict[str, Any]]:
+                async with get_client(url=a.url, api_key=token) as c:
+                    tid = (await c.threads.create())["thread_id"]
+                    return tid, await c.runs.create(tid, "agent", input=model)
+
+            tid, created = run(start())
+            wait_until(lambda: checkpointed(a.url, token, tid))  # in the model step
+            link.cut()
+            time.sleep(5)
+            link.heal()
+
+            async def finish() -> tuple[Any, Any, list[Any], list[Any]]:
+                async with get_client(url=a.url, api_key=token) as c:
+                    joined = await c.runs.join(tid, created["run_id"])
+                    parts = [p async for p in c.runs.join_stream(tid, created["run_id"])]
+                    history = await c.threads.get_history(tid, limit=100)
+                    return joined, await c.runs.get(tid, created["run_id"]), parts, history
+
+            joined, ended, parts, history = run(finish())
+        finally:
+            a.stop(grace=10)
+
+    log = a.log()
+    assert " failed" not in log and "taking over" not in log, log[-3000:]
+    assert ended["status"] == "success" and ended["replica"] == created["replica"], ended
+    assert joined["messages"][-1]["content"] == "done: 1 results: charged 7 (run 1)"
+    assert {h["metadata"].get("run_attempt") for h in history} == {1}, history
+    ids = [p.id for p in parts if p.id]
+    assert len(ids) == len(set(ids)), ids
+    values = [json.dumps(p.data, sort_keys=True) for p in parts if p.event == "values"]
+    assert len(values) == len(set(values)), values  # each state once: no part written twice
+    ran_once(prefork_fleet, before, 1)

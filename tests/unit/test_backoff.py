@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 import random
 import time
 from pathlib import Path
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
-from orchestrator.backoff import CAP, FIRST, Backoff
+from orchestrator.backoff import CAP, FIRST, Backoff, retried
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -97,3 +100,31 @@ def test_given_a_module_that_retries_then_it_waits_by_the_shared_backoff(path: s
         and node.right.value == 2
     ]
     assert doubled == []  # no delay of its own, doubled
+
+
+def test_given_a_link_lost_twice_then_retried_returns_the_third_try(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(random, "random", lambda: 0.0)  # no delay
+    tries: list[int] = []
+
+    async def attempt(n: int) -> str:
+        tries.append(n)
+        if n < 2:
+            raise RedisConnectionError("reset")
+        return "done"
+
+    assert asyncio.run(retried(attempt, within=5, what="a test")) == "done"
+    assert tries == [0, 1, 2]
+
+
+def test_given_an_error_of_the_command_then_retried_raises_it_at_once() -> None:
+    tries: list[int] = []
+
+    async def attempt(n: int) -> None:
+        tries.append(n)
+        raise ResponseError("WRONGTYPE")
+
+    with pytest.raises(ResponseError):
+        asyncio.run(retried(attempt, within=5, what="a test"))
+    assert tries == [0]
