@@ -28,6 +28,10 @@ one of the cron's ticks starts a run again.
 
 The schedules are croniter's (five fields, or six with seconds last, in a timezone),
 as LangGraph's server reads them; RedBeat stores them as entries of its own kind here.
+
+Beat stops at the first error of a lost link to Redis; the replica's :class:`BeatThread`
+starts it again after the shared backoff's delay, and the new beat waits for the lock as
+any other does (its former holder's lapses ``LOCK_SECONDS`` after its last renewal).
 """
 
 from __future__ import annotations
@@ -35,16 +39,21 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis.asyncio as aioredis
 from celery import Celery
-from celery.beat import EmbeddedService
+from celery.beat import Service
 from celery.schedules import BaseSchedule, schedstate
 from redbeat import RedBeatScheduler, RedBeatSchedulerEntry
+from redbeat.schedulers import get_redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+from orchestrator.backoff import LOST, Backoff
 from orchestrator.server.assistant_store import AssistantStore
 from orchestrator.server.cronstore import (
     CronStore,
@@ -188,6 +197,11 @@ class CronScheduler(RedBeatScheduler):  # type: ignore[misc]
         self._fire = fire
         super().__init__(*args, **kwargs)
 
+    def tick(self, *args: Any, **kwargs: Any) -> Any:
+        if self.lock_key and self.lock is None:  # beat_init failed to take it: a lost link
+            raise RedisConnectionError("beat could not take its lock")
+        return super().tick(*args, **kwargs)
+
     def apply_async(
         self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
     ) -> None:
@@ -197,6 +211,54 @@ class CronScheduler(RedBeatScheduler):  # type: ignore[misc]
         entry = self.reserve(entry) if advance else entry
         if tick is not None:
             self._fire(entry.name, tick)
+
+
+class BeatThread(threading.Thread):
+    """Celery's beat in a thread, started again after a lost link to Redis (its
+    :attr:`service` is the one running now)."""
+
+    def __init__(self, app: Celery, **service: Any) -> None:
+        super().__init__(name="Beat", daemon=True)
+        self.app = app
+        self._options = service
+        self.service: Service | None = None  # made in the thread (it reads files)
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        self.app.set_current()
+        backoff = Backoff()
+        while True:
+            self.service = Service(self.app, **self._options)
+            if self._stopping.is_set():
+                return
+            began = time.monotonic()
+            try:
+                self.service.start()
+            except LOST as exc:
+                log.warning("cron beat lost Redis (%r); starting it again", exc)
+            except Exception:  # a bug must not stop every later tick
+                log.exception("cron beat failed; starting it again")
+            if self._stopping.is_set():
+                return
+            if time.monotonic() - began > LOCK_SECONDS:
+                backoff.reset()
+            while True:  # until Redis answers: a beat started before fails at once
+                if self._stopping.wait(backoff.next()):
+                    return
+                if self._answers():
+                    break
+
+    def _answers(self) -> bool:
+        try:
+            return bool(get_redis(self.app).ping())
+        except LOST:
+            return False
+
+    def stop(self) -> None:
+        """Have beat stop at its next wake, and not start again."""
+        self._stopping.set()
+        if self.service is not None:
+            self.service.stop(wait=False)
 
 
 def beat_app(settings: Settings, keys: Keys) -> Celery:
@@ -249,7 +311,7 @@ class CronBeat:
         self._assistants = assistants
         self._threads = threads
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._service: Any = None
+        self._service: BeatThread | None = None
         self._said: dict[str, set[str]] = {}
         """Per cron, the reasons of refused ticks logged since its last run started."""
 
@@ -278,16 +340,14 @@ class CronBeat:
         """Start beat in its thread (it waits for RedBeat's lock before it ticks)."""
         self._loop = asyncio.get_running_loop()
         scheduler = functools.partial(CronScheduler, fire=self._fire_from_beat)
-        self._service = EmbeddedService(
-            self.app, thread=True, scheduler_cls=scheduler, max_interval=BEAT_INTERVAL
-        )
+        self._service = BeatThread(self.app, scheduler_cls=scheduler, max_interval=BEAT_INTERVAL)
         self._service.start()
 
     def stop_soon(self) -> None:
         """Have beat stop at its next wake (within ``BEAT_INTERVAL``) and release the lock,
         so another replica's beat fires the crons while this replica drains."""
         if self._service is not None:
-            self._service.service.stop(wait=False)
+            self._service.stop()
 
     async def close(self) -> None:
         """Stop beat (releasing the lock if it holds it).
@@ -299,9 +359,10 @@ class CronBeat:
         """
         if self._service is None:
             return
-        service = self._service.service
-        service.stop(wait=False)
-        scheduler = vars(service).get("scheduler")  # made by the thread, once it starts
+        self._service.stop()
+        scheduler = vars(self._service.service or object()).get(
+            "scheduler"
+        )  # made by the thread, once it starts
         if scheduler is not None and scheduler.lock is not None:
             await asyncio.to_thread(self._service.join, BEAT_INTERVAL + 5)
 
