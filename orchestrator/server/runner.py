@@ -20,13 +20,14 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from redis.exceptions import RedisError
 
+from orchestrator.backoff import retried
 from orchestrator.call import HANDED_ON
 from orchestrator.server.assistant_store import AssistantStore
 from orchestrator.server.control import RENEW_INTERVAL, ReplicaControl
@@ -46,6 +47,8 @@ from orchestrator.server.store import Store
 from orchestrator.server.takeover import Drain, RunTakeover
 from orchestrator.server.tenancy import TenantQuota
 from orchestrator.server.webhooks import WebhookSender, cancelled_error, final_values, payload
+
+T = TypeVar("T")
 
 log = logging.getLogger("toolfleet.server")
 
@@ -316,11 +319,8 @@ class RunManager(RunTakeover):
                 held = True
                 renewer = asyncio.create_task(self._renew_hold(run))
             async with self.quota.slot(run.tenant):  # the tenant's runs wait their turn here
-                if await self.store.cancel_requested(run.run_id):
+                if await self._steady(run, lambda: self._begin(run)):
                     raise asyncio.CancelledError
-                await self.store.set_run_status(run.run_id, "running")
-                self._started_at[run.run_id] = now_iso()
-                await self.store.set_thread_status(run.thread_key, "busy")
                 self._running.add(run.run_id)
                 config = run_config(run, body, source.graph_id)
                 graph = await source.for_run(config)
@@ -344,6 +344,22 @@ class RunManager(RunTakeover):
                 renewer.cancel()
             # Shielded: a second cancellation (shutdown) must not leave the thread held.
             await asyncio.shield(self._finish(run, body, status, error, held, temporary))
+
+    async def _steady(self, run: RunRecord, command: Callable[[], Awaitable[T]]) -> T:
+        """A command of the run's own against Redis (one that is safe to send again), through
+        a lost link for as long as the run may go on without renewing its lease."""
+        within = self.leases.self_stop
+        return await retried(lambda _: command(), within=within, what=f"run {run.run_id}")
+
+    async def _begin(self, run: RunRecord) -> bool:
+        """Mark the run running and its thread busy, unless a cancel was asked for first
+        (``True`` then). Safe to do again."""
+        if await self.store.cancel_requested(run.run_id):
+            return True
+        await self.store.set_run_status(run.run_id, "running")
+        self._started_at.setdefault(run.run_id, now_iso())
+        await self.store.set_thread_status(run.thread_key, "busy")
+        return False
 
     async def _keep_readable(self, graph: Any, run: RunRecord) -> None:
         """After a failed run: a thread whose latest state no longer reads (the run's input
@@ -439,11 +455,11 @@ class RunManager(RunTakeover):
 
     async def _wait_for_thread(self, run: RunRecord) -> None:
         renewed = time.monotonic()
-        while not await self.store.admit(run.thread_key, run.run_id):
-            if await self.store.cancel_requested(run.run_id):
+        while not await self._steady(run, lambda: self.store.admit(run.thread_key, run.run_id)):
+            if await self._steady(run, lambda: self.store.cancel_requested(run.run_id)):
                 raise asyncio.CancelledError
             if time.monotonic() - renewed > RENEW_INTERVAL:
-                await self.store.still_waiting(run.run_id)
+                await self._steady(run, lambda: self.store.still_waiting(run.run_id))
                 renewed = time.monotonic()
             await asyncio.sleep(ADMIT_POLL)
 

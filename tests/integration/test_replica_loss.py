@@ -448,18 +448,21 @@ def test_a_replica_cut_off_from_redis_stops_its_run_before_another_takes_it_over
     ran_once(prefork_fleet, before, 1)
 
 
+@pytest.mark.parametrize("when", ["as-it-starts", "mid-step"])
 def test_a_redis_blip_mid_run_neither_fails_nor_hands_over_the_run(
-    database_url: str, prefork_fleet: Settings, tmp_path: Path
+    database_url: str, prefork_fleet: Settings, tmp_path: Path, when: str
 ) -> None:
-    """Given replica A whose Redis link goes through a proxy, in the 3 s model step of a
-    run, when the link is cut for 5 s (the step ends inside the cut, so its stream part
-    cannot be written at once), then A writes that part once Redis is back and goes on
+    """Given replica A whose Redis link goes through a proxy, when the link is cut for
+    5 s as a run starts (it marks itself running inside the cut: ``after_seconds``) or
+    in its 3 s model step (the step ends inside the cut, so its stream part cannot be
+    written at once), then A writes what it could not once Redis is back and goes on
     with the run as its first and only attempt: it ends success on A, its call run once,
     every stream part once, and A's log says no run failed or was taken over."""
     token = f"tft-token-{uuid.uuid4().hex}"
     url = urlsplit(prefork_fleet.own_redis_url)
     before = charged(prefork_fleet)
     model = ask(("charge", {"amount": 7, "seconds": 0.2}), model_delay=3)
+    after = 2 if when == "as-it-starts" else 0
     with CutProxy(url.hostname or "127.0.0.1", url.port or 6379) as link:
         through = proxied(prefork_fleet.own_redis_url, link.port)
         a = start_server(
@@ -475,10 +478,12 @@ def test_a_redis_blip_mid_run_neither_fails_nor_hands_over_the_run(
             async def start() -> tuple[str, dict[str, Any]]:
                 async with get_client(url=a.url, api_key=token) as c:
                     tid = (await c.threads.create())["thread_id"]
-                    return tid, await c.runs.create(tid, "agent", input=model)
+                    created = await c.runs.create(tid, "agent", input=model, after_seconds=after)
+                    return tid, created
 
             tid, created = run(start())
-            wait_until(lambda: checkpointed(a.url, token, tid))  # in the model step
+            if not after:
+                wait_until(lambda: checkpointed(a.url, token, tid))  # in the model step
             link.cut()
             time.sleep(5)
             link.heal()
