@@ -69,19 +69,16 @@ def entries(redis_url: str, fails: int, *, applied: bool, retry_for: float = 5.0
     return asyncio.run(go())
 
 
-def test_given_writes_lost_before_redis_applied_them_then_each_part_is_written_once(
-    redis_url: str,
+@pytest.mark.parametrize(
+    ("fails", "applied"),
+    [(2, False), (1, True)],
+    ids=["lost-before-redis-applied-them", "applied-but-the-answer-lost"],
+)
+def test_given_writes_lost_then_each_part_is_written_once(
+    redis_url: str, fails: int, applied: bool
 ) -> None:
-    written, ttl = entries(redis_url, 2, applied=False)
-
-    assert [fields[b"d"] for _, fields in written] == [b'{"n": 1}', b'{"n": 1}']
-    assert 0 < ttl <= 60
-
-
-def test_given_a_write_applied_but_its_answer_lost_then_it_is_not_written_again(
-    redis_url: str,
-) -> None:
-    written, ttl = entries(redis_url, 1, applied=True)
+    """Tries after a lost one write the part only if the lost one did not."""
+    written, ttl = entries(redis_url, fails, applied=applied)
 
     assert [fields[b"d"] for _, fields in written] == [b'{"n": 1}', b'{"n": 1}']
     assert 0 < ttl <= 60
