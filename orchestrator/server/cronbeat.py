@@ -360,9 +360,8 @@ class CronBeat:
         if self._service is None:
             return
         self._service.stop()
-        scheduler = vars(self._service.service or object()).get(
-            "scheduler"
-        )  # made by the thread, once it starts
+        service = self._service.service  # made by the thread, once it starts
+        scheduler = vars(service).get("scheduler") if service is not None else None
         if scheduler is not None and scheduler.lock is not None:
             await asyncio.to_thread(self._service.join, BEAT_INTERVAL + 5)
 
