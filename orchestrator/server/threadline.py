@@ -20,6 +20,7 @@ LOCK_TTL_MS = 30_000
 
 _ADMIT = """
 -- KEYS: lock, queue. ARGV: run id, ttl ms, alive-key prefix.
+if redis.call('GET', KEYS[1]) == ARGV[1] then return 1 end  -- again, after a lost answer
 while true do
   local head = redis.call('LINDEX', KEYS[2], 0)
   if (not head) or head == ARGV[1] then break end
@@ -62,7 +63,8 @@ class ThreadLine:
         self._back_in_line = client.register_script(_BACK_IN_LINE)
 
     async def admit(self, thread_id: str, run_id: str) -> bool:
-        """Let the run hold the thread if it is free and the run is first in line."""
+        """Let the run hold the thread if it is free and the run is first in line (a run
+        that holds it already is let in again: safe to ask again after a lost answer)."""
         keys = self._keys
         return bool(
             await self._admit(

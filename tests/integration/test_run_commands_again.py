@@ -1,4 +1,5 @@
-"""A run's stream part is written once, though the link to Redis is lost around it."""
+"""A run's commands to Redis are safe to send again after a lost link: its stream parts
+are written once, its admission to its thread answered alike."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from orchestrator.server.eventlog import EventLog
 from orchestrator.server.keys import Keys
+from orchestrator.server.store import Store
 from tests.support.fleet import new_namespace
 
 
@@ -89,3 +91,30 @@ def test_given_a_link_lost_for_longer_than_the_retry_bound_then_the_append_fails
 ) -> None:
     with pytest.raises(RedisConnectionError):
         entries(redis_url, 1000, applied=False, retry_for=0.5)
+
+
+def test_given_a_run_admitted_then_asking_again_admits_it_and_keeps_the_line(
+    redis_url: str,
+) -> None:
+    """A run's admission is sent again after a lost answer: the run that holds the
+    thread is let in again, and the run waiting behind it keeps its place (before: the
+    second ask was refused, and the run waited behind the next in line)."""
+
+    async def go() -> tuple[bool, bool, bool, list[str]]:
+        client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+        keys = Keys(f"{new_namespace()}:toolfleet:")
+        store = Store(client, keys, run_ttl=60, thread_ttl=60)
+        try:
+            await store.enqueue("t1", "r1")
+            await store.enqueue("t1", "r2")
+            first = await store.admit("t1", "r1")
+            again = await store.admit("t1", "r1")
+            other = await store.admit("t1", "r2")
+            return first, again, other, await client.lrange(keys.thread_queue("t1"), 0, -1)
+        finally:
+            stale = [k async for k in client.scan_iter(f"{keys.base}*")]
+            if stale:
+                await client.delete(*stale)
+            await client.aclose()
+
+    assert asyncio.run(go()) == (True, True, False, ["r2"])
