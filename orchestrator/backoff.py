@@ -100,6 +100,11 @@ async def retried(attempt: Callable[[int], Awaitable[T]], *, within: float, what
             await asyncio.sleep(min(backoff.next(), until - now))
 
 
+def _cancel_pending() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 READ_TIMEOUT = 1.0
 """Seconds one read waits for a message before the stop condition is checked again
 (redis-py may turn a cancellation inside a read into a timeout)."""
@@ -135,6 +140,8 @@ async def subscribe_forever(
                 await pubsub.subscribe(channel)
                 while not stopping():
                     message = await pubsub.get_message(timeout=READ_TIMEOUT)
+                    if _cancel_pending():  # one the read turned into a timeout
+                        raise asyncio.CancelledError
                     if message is None:
                         continue
                     if message["type"] == "message":

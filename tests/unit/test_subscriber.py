@@ -103,3 +103,44 @@ def test_every_subscriber_uses_the_one_subscription_loop() -> None:
         }
         assert "subscribe_forever" in called, path
         assert ".pubsub(" not in source, path
+
+
+class SwallowingPubSub(FakePubSub):
+    """A read that turns a cancellation into a timeout, as redis-py's may when the
+    cancellation meets the end of the read's own timeout."""
+
+    swallow = True
+
+    async def get_message(self, timeout: float) -> dict[str, Any] | None:
+        if self.messages:
+            return await super().get_message(timeout)
+        try:
+            await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            if not self.swallow:
+                raise
+        return None
+
+
+def test_given_a_cancellation_a_read_swallows_then_the_subscription_still_ends() -> None:
+    """Given a subscriber without a stop condition (the control channel's), when its task
+    is cancelled while a read swallows the cancellation, then it ends all the same (before:
+    it read on forever, and a replica's shutdown waited for it forever)."""
+    session = SwallowingPubSub(False, [])
+    client = FakeClient([session])
+
+    async def main() -> bool:
+        task = asyncio.create_task(
+            subscribe_forever(client, "control", lambda _: None, what="test channel")
+        )
+        await asyncio.sleep(0.05)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=2)
+        if not done:  # end the runaway loop, so that the test ends
+            session.swallow = False
+            task.cancel()
+            await asyncio.wait({task}, timeout=2)
+        return task in done
+
+    assert asyncio.run(main())
+    assert session.closed
