@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -393,31 +394,33 @@ class RunManager(RunTakeover):
         try:
             if status == "handed":  # another replica goes on with it: nothing ends here
                 return
+            # Each command to Redis goes again through a lost link (_steady; the log's
+            # appends on their own): the end is recorded once the link is back.
+            store, key, steady = self.store, run.thread_key, functools.partial(self._steady, run)
             if error is not None:
                 await self.events.append(run.run_id, "error", dumps(error))
-            action = await self.store.cancel_action(run.run_id)
+            action = await steady(lambda: store.cancel_action(run.run_id))
             rolled_back = status == "interrupted" and action == "rollback"
             if rolled_back:  # as if it never ran: its checkpoints and its record go
-                await delete_run_checkpoints(self._checkpointer, run.thread_key, run.run_id)
-                await self.store.delete_run(run)
+                await delete_run_checkpoints(self._checkpointer, key, run.run_id)
+                await steady(lambda: store.delete_run(run))
             else:
-                await self.store.set_run_status(run.run_id, status, error)
+                await steady(lambda: store.set_run_status(run.run_id, status, error))
             if held:
-                await self.store.set_thread_status(
-                    run.thread_key, await self._thread_status(run, status)
-                )
-                await self.store.release(run.thread_key, run.run_id)
+                thread_status = await self._thread_status(run, status)
+                await steady(lambda: store.set_thread_status(key, thread_status))
+                await steady(lambda: store.release(key, run.run_id))
             else:
-                await self.store.leave_queue(run.thread_key, run.run_id)
+                await steady(lambda: store.leave_queue(key, run.run_id))
             if status == "interrupted" and error is None:  # as LangGraph's server says it
-                reason = await self.store.cancel_reason(run.run_id) if action else None
+                reason = await steady(lambda: store.cancel_reason(run.run_id)) if action else None
                 error = cancelled_error(rolled_back, reason)
             hook = await self._webhook(run, body, status, error)  # before a thread goes
             if temporary and body.on_completion != "keep":
-                await self.store.delete_thread(run.thread_key, keep_runs=True)
-                await self._checkpointer.adelete_thread(run.thread_key)
+                await steady(lambda: store.delete_thread(key, keep_runs=True))
+                await self._checkpointer.adelete_thread(key)
             await self.events.end(run.run_id, status)  # last: waiters then see it all done
-            await self.leases.drop(run.run_id)
+            await steady(lambda: self.leases.drop(run.run_id))
             if hook is not None and self.webhooks is not None and body.webhook:
                 self.webhooks.send(body.webhook, hook, tenant=run.tenant)
         except Exception:
