@@ -285,7 +285,8 @@ def test_two_replicas_fire_each_tick_once_and_survive_a_kill(
         created = sorted(datetime.fromisoformat(r["created_at"]).timestamp() for r in runs)
         gaps = [b - a for a, b in itertools.pairwise(created)]
         assert min(gaps) > 0.5, gaps  # never two runs of one tick (those come ms apart)
-        assert created[-1] - created[0] >= 2 * (len(created) - 1) - 1.0, created  # 2 s apart
+        # 2 s apart; a tick may fire late on a loaded machine (seen: the first by 1.07 s)
+        assert created[-1] - created[0] >= 2 * (len(created) - 1) - 1.5, created
         holders = {r["replica"] for r in runs}
         assert len(holders) == 1, holders  # the lock's holder fires them all
         holder = next(i for i, s in enumerate(servers) if _replica_of(s, holders))
