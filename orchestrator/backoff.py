@@ -84,15 +84,14 @@ async def retried(attempt: Callable[[int], Awaitable[T]], *, within: float, what
         The last try's error: a lost link for longer than ``within``, or any other error
         at once.
     """
-    tries, until = 0, math.inf
-    backoff = Backoff()
+    tries, until, backoff = 0, math.inf, None
     while True:
         try:
             return await attempt(tries)
         except LOST as exc:
             now = time.monotonic()
-            if tries == 0:
-                until = now + within
+            if backoff is None:  # the first loss: nothing of this is made for a success
+                backoff, until = Backoff(), now + within
                 log.warning("%s lost Redis (%r); trying again for %.1f s", what, exc, within)
             if now >= until:
                 raise

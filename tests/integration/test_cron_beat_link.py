@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -14,7 +13,7 @@ from orchestrator.bench.links import proxied
 from orchestrator.server.cronbeat import BEAT_INTERVAL, LOCK_SECONDS, CronBeat
 from orchestrator.server.keys import Keys
 from tests.support.cut_proxy import CutProxy
-from tests.support.fleet import new_namespace
+from tests.support.fleet import new_namespace, wait_until
 from tool_workers.contract.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,17 +27,16 @@ def holding(beat: CronBeat) -> Any:
     return scheduler if scheduler is not None and scheduler.lock is not None else None
 
 
-async def held(beat: CronBeat, within: float, other_than: Any = None) -> Any:
+def acquired(beat: CronBeat, within: float, other_than: Any = None) -> Any:
     """Wait until beat's thread is alive with a scheduler (not ``other_than``) that
     acquired the lock; returns that scheduler."""
-    until = time.monotonic() + within
-    while time.monotonic() < until:
+
+    def live() -> Any:
         scheduler = holding(beat)
         alive = beat._service is not None and beat._service.is_alive()
-        if alive and scheduler is not None and scheduler is not other_than:
-            return scheduler
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"no live beat acquired the lock within {within} s")
+        return scheduler if alive and scheduler is not other_than else None
+
+    return wait_until(live, within, "a live beat that acquired the lock")
 
 
 def test_given_beat_cut_off_from_redis_then_it_starts_again_and_takes_the_lock(
@@ -57,11 +55,11 @@ def test_given_beat_cut_off_from_redis_then_it_starts_again_and_takes_the_lock(
             beat = CronBeat(settings, keys, None, None, lambda *a: None)  # type: ignore[arg-type]
             beat.start()
             try:
-                first = await held(beat, 30)
+                first = await asyncio.to_thread(acquired, beat, 30)
                 await asyncio.to_thread(link.cut)
                 await asyncio.sleep(BEAT_INTERVAL + 2)
                 await asyncio.to_thread(link.heal)
-                await held(beat, LOCK_SECONDS + 30, other_than=first)
+                await asyncio.to_thread(acquired, beat, LOCK_SECONDS + 30, first)
             finally:
                 await beat.close()
 

@@ -109,11 +109,15 @@ class SwallowingPubSub(FakePubSub):
     """A read that turns a cancellation into a timeout, as redis-py's may when the
     cancellation meets the end of the read's own timeout."""
 
-    swallow = True
+    def __init__(self) -> None:
+        super().__init__(False, [])
+        self.swallow = True
+        self.reading = asyncio.Event()
 
     async def get_message(self, timeout: float) -> dict[str, Any] | None:
         if self.messages:
             return await super().get_message(timeout)
+        self.reading.set()
         try:
             await asyncio.sleep(0.01)
         except asyncio.CancelledError:
@@ -126,14 +130,14 @@ def test_given_a_cancellation_a_read_swallows_then_the_subscription_still_ends()
     """Given a subscriber without a stop condition (the control channel's), when its task
     is cancelled while a read swallows the cancellation, then it ends all the same (before:
     it read on forever, and a replica's shutdown waited for it forever)."""
-    session = SwallowingPubSub(False, [])
+    session = SwallowingPubSub()
     client = FakeClient([session])
 
     async def main() -> bool:
         task = asyncio.create_task(
             subscribe_forever(client, "control", lambda _: None, what="test channel")
         )
-        await asyncio.sleep(0.05)
+        await session.reading.wait()
         task.cancel()
         done, _ = await asyncio.wait({task}, timeout=2)
         if not done:  # end the runaway loop, so that the test ends
