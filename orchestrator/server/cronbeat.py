@@ -39,22 +39,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import threading
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis.asyncio as aioredis
 from celery import Celery
-from celery.beat import Service
 from celery.schedules import BaseSchedule, schedstate
 from redbeat import RedBeatScheduler, RedBeatSchedulerEntry
-from redbeat.schedulers import get_redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from orchestrator.backoff import LOST, Backoff
 from orchestrator.server.assistant_store import AssistantStore
+from orchestrator.server.beatthread import BeatThread
 from orchestrator.server.cronstore import (
     CronStore,
     cron_key,
@@ -213,54 +209,6 @@ class CronScheduler(RedBeatScheduler):  # type: ignore[misc]
             self._fire(entry.name, tick)
 
 
-class BeatThread(threading.Thread):
-    """Celery's beat in a thread, started again after a lost link to Redis (its
-    :attr:`service` is the one running now)."""
-
-    def __init__(self, app: Celery, **service: Any) -> None:
-        super().__init__(name="Beat", daemon=True)
-        self.app = app
-        self._options = service
-        self.service: Service | None = None  # made in the thread (it reads files)
-        self._stopping = threading.Event()
-
-    def run(self) -> None:
-        self.app.set_current()
-        backoff = Backoff()
-        while True:
-            self.service = Service(self.app, **self._options)
-            if self._stopping.is_set():
-                return
-            began = time.monotonic()
-            try:
-                self.service.start()
-            except LOST as exc:
-                log.warning("cron beat lost Redis (%r); starting it again", exc)
-            except Exception:  # a bug must not stop every later tick
-                log.exception("cron beat failed; starting it again")
-            if self._stopping.is_set():
-                return
-            if time.monotonic() - began > LOCK_SECONDS:
-                backoff.reset()
-            while True:  # until Redis answers: a beat started before fails at once
-                if self._stopping.wait(backoff.next()):
-                    return
-                if self._answers():
-                    break
-
-    def _answers(self) -> bool:
-        try:
-            return bool(get_redis(self.app).ping())
-        except LOST:
-            return False
-
-    def stop(self) -> None:
-        """Have beat stop at its next wake, and not start again."""
-        self._stopping.set()
-        if self.service is not None:
-            self.service.stop(wait=False)
-
-
 def beat_app(settings: Settings, keys: Keys) -> Celery:
     """A Celery app of the replica's beat: RedBeat in the service's Redis, no broker."""
     app = Celery("toolfleet-crons", set_as_current=False)
@@ -340,7 +288,9 @@ class CronBeat:
         """Start beat in its thread (it waits for RedBeat's lock before it ticks)."""
         self._loop = asyncio.get_running_loop()
         scheduler = functools.partial(CronScheduler, fire=self._fire_from_beat)
-        self._service = BeatThread(self.app, scheduler_cls=scheduler, max_interval=BEAT_INTERVAL)
+        self._service = BeatThread(
+            self.app, LOCK_SECONDS, scheduler_cls=scheduler, max_interval=BEAT_INTERVAL
+        )
         self._service.start()
 
     def stop_soon(self) -> None:
