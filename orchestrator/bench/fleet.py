@@ -193,8 +193,10 @@ def machine_info() -> dict[str, Any]:
     """The machine and software a run measured: cores, RAM, CPU, Python, versions, date."""
     info: dict[str, Any] = {
         "cores": os.cpu_count() or 0,
-        "ram_gib": round(_mem_total_kib() / 1024 / 1024, 1),
-        "cpu": _cpu_model(),
+        "ram_gib": round(
+            int((_proc_field("/proc/meminfo", "MemTotal") or "0 kB").split()[0]) / 2**20, 1
+        ),
+        "cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or "?",
         "python": platform.python_version(),
         "implementation": sys.implementation.name,
         "platform": platform.platform(),
@@ -217,23 +219,14 @@ def load_average() -> float:
         return 0.0
 
 
-def _mem_total_kib() -> int:
+def _proc_field(path: str, name: str) -> str | None:
+    """The value of the first ``name: value`` line of a /proc file (``None``: none)."""
     try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1])
+        with open(path) as lines:
+            for line in lines:
+                key, _, value = line.partition(":")
+                if key.strip() == name:
+                    return value.strip()
     except OSError:
         pass
-    return 0
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
+    return None

@@ -24,6 +24,11 @@ def _s(seconds: float) -> str:
     return f"{seconds:.3f} s"
 
 
+def _per_sync(by_mode: dict[str, float]) -> str:
+    """Async's figure over sync's."""
+    return f"{by_mode['async'] / by_mode['sync']:.2f} x" if by_mode["sync"] > 0 else "-"
+
+
 def sections(report: dict[str, Any]) -> list[Section]:
     """The report's tables, as plain cells (rendered by :func:`print_tables` or
     :func:`markdown`)."""
@@ -55,29 +60,13 @@ def sections(report: dict[str, Any]) -> list[Section]:
                     "",
                 ]
             )
-        sync_added = latency["added"]["sync"]
-        rows.append(
-            [
-                "toolfleet added per call, async / sync",
-                f"{latency['added']['async'] / sync_added:.2f} x" if sync_added > 0 else "-",
-                "",
-                "",
-            ]
-        )
+        rows.append(["toolfleet added per call, async / sync", _per_sync(latency["added"]), "", ""])
         for mode in ("sync", "async"):
             rows.append(
                 [f"toolfleet's own share, {mode} (over the pass-through middleware)",
                  _ms(latency["own"][mode]), "", ""]
             )  # fmt: skip
-        sync_own = latency["own"]["sync"]
-        rows.append(
-            [
-                "toolfleet's own share, async / sync",
-                f"{latency['own']['async'] / sync_own:.2f} x" if sync_own > 0 else "-",
-                "",
-                "",
-            ]
-        )
+        rows.append(["toolfleet's own share, async / sync", _per_sync(latency["own"]), "", ""])
         out.append(("a. One echo call, whole agent run", ["", "median", "p99", "n"], rows))
     fanout = scenarios.get("fanout", {})
     if "points" in fanout:

@@ -61,12 +61,13 @@ class Plan:
     dispatch_calls: int = 100
     dispatch_repeats: int = 20
     throughput_runs: int = 16
-    throughput_seconds: float = 5.0
+    throughput_duration: float = 5.0
     throughput_warmup: float = 1.0
     throughput_rounds: int = 5
     memory_calls: int = 1000
     memory_seconds: float = 8.0
-    scale_workers: tuple[int, ...] = (1, 2, 4)
+    scale_counts: tuple[int, ...] = (1, 2, 4)
+    """How many workers each point of the scenario runs."""
     scale_concurrency: int = 4
     scale_calls: int = 160
     scale_seconds: float = 0.2
@@ -88,11 +89,21 @@ class Plan:
     cost_concurrency: int = 4
     cost_idle_seconds: float = 2.0
     cost_settle: float = SETTLE
-    cost_shared: bool = False
+    shared_cost: bool = False
     """Measure the cost on the run's own workers (and start the bare app's worker with
     them), instead of on a fleet of the scenario's own started after the others."""
     bound: float = 300.0
     """Seconds any one scenario may run before it is abandoned and reported as an error."""
+
+    def of(self, scenario: str) -> dict[str, Any]:
+        """The fields of ``scenario`` (those named ``<scenario>_…``), without the prefix:
+        the keyword arguments of its ``run_…`` function."""
+        prefix = f"{scenario}_"
+        return {
+            f.name.removeprefix(prefix): getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name.startswith(prefix)
+        }
 
 
 FULL = Plan()
@@ -106,7 +117,7 @@ QUICK = Plan(
     fanout_repeats=1,
     dispatch_repeats=1,
     throughput_runs=4,
-    throughput_seconds=0.3,
+    throughput_duration=0.3,
     throughput_warmup=0.2,
     throughput_rounds=1,
     memory_calls=100,
@@ -127,7 +138,7 @@ QUICK = Plan(
     cost_concurrency=2,
     cost_idle_seconds=0.3,
     cost_settle=0.2,
-    cost_shared=True,
+    shared_cost=True,
     bound=60.0,
 )
 """Seconds-long: every scenario once at a tiny size on one worker that all of them share
@@ -188,7 +199,7 @@ def run_bench(
         # The cost scenario on the run's workers, when no scenario that wants the
         # machine to itself runs before it.
         shared_cost = (
-            plan.cost_shared
+            plan.shared_cost
             and "cost" in wanted
             and not any(name in OWN_WORKERS for name in wanted if name != "cost")
         )
@@ -223,20 +234,24 @@ def run_bench(
         for worker in main_workers:
             worker.wait_ready(timeout=90)
         dispatcher = fleet.dispatcher(main)
+
+        def cost() -> dict[str, Any]:
+            args = plan.of("cost")
+            if shared_cost:  # on the run's own workers, as they are when it starts
+                args.update(
+                    pool="threads", concurrency=plan.fleet_concurrency, workers=main_workers
+                )
+            settings = main if shared_cost else fleet.settings("cost")
+            return run_cost(fleet, settings, **args, raw_worker=raw_worker)
+
         jobs: dict[str, Callable[[], dict[str, Any]]] = {
             "latency": lambda: run_latency(
-                dispatcher,
-                fleet.broker_url,
-                iterations=plan.latency_iterations,
-                warmup=plan.latency_warmup,
-                budget=plan.bound / 2,
+                dispatcher, fleet.broker_url, **plan.of("latency"), budget=plan.bound / 2
             ),
             "fanout": lambda: {
                 **run_fanout(
                     dispatcher,
-                    sizes=plan.fanout_sizes,
-                    seconds=plan.fanout_seconds,
-                    repeats=plan.fanout_repeats,
+                    **plan.of("fanout"),
                     budget=plan.bound / 2,
                     cpu_times=fleet.cpu_times,
                 ),
@@ -244,52 +259,11 @@ def run_bench(
                     dispatcher, n=plan.dispatch_calls, repeats=plan.dispatch_repeats
                 ),
             },
-            "throughput": lambda: run_throughput(
-                dispatcher,
-                runs=plan.throughput_runs,
-                duration=plan.throughput_seconds,
-                warmup=plan.throughput_warmup,
-                rounds=plan.throughput_rounds,
-            ),
-            "memory": lambda: run_memory(
-                dispatcher,
-                calls=plan.memory_calls,
-                seconds=plan.memory_seconds,
-                modes=("sync", "async"),
-            ),
-            "scale": lambda: run_scale(
-                fleet,
-                fleet.settings("scale"),
-                counts=plan.scale_workers,
-                concurrency=plan.scale_concurrency,
-                calls=plan.scale_calls,
-                seconds=plan.scale_seconds,
-                repeats=plan.scale_repeats,
-            ),
-            "links": lambda: run_links(
-                fleet,
-                delays_ms=plan.links_delays_ms,
-                calls=plan.links_calls,
-                fanout=plan.links_fanout,
-                seconds=plan.links_seconds,
-                repeats=plan.links_repeats,
-                concurrency=plan.links_concurrency,
-            ),
-            "cost": lambda: run_cost(
-                fleet,
-                main if shared_cost else fleet.settings("cost"),
-                runs=plan.cost_runs,
-                runs_small=plan.cost_runs_small,
-                turns=plan.cost_turns,
-                width=plan.cost_width,
-                rounds=plan.cost_rounds,
-                pool="threads" if shared_cost else plan.cost_pool,
-                concurrency=plan.fleet_concurrency if shared_cost else plan.cost_concurrency,
-                idle_seconds=plan.cost_idle_seconds,
-                settle=plan.cost_settle,
-                workers=main_workers if shared_cost else (),
-                raw_worker=raw_worker,
-            ),
+            "throughput": lambda: run_throughput(dispatcher, **plan.of("throughput")),
+            "memory": lambda: run_memory(dispatcher, **plan.of("memory"), modes=("sync", "async")),
+            "scale": lambda: run_scale(fleet, fleet.settings("scale"), **plan.of("scale")),
+            "links": lambda: run_links(fleet, **plan.of("links")),
+            "cost": cost,
         }
         for name in wanted:
             if name in OWN_WORKERS and not (shared_cost and name == "cost"):
