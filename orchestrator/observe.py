@@ -28,7 +28,6 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from types import TracebackType
 from typing import Any
 
 from langchain_core.callbacks import (
@@ -95,24 +94,14 @@ class CallObserver:
         self._open_span()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is not None:
-            self._run.on_tool_error(exc, tool_call_id=self.call.call_id)
-        self._close_span(exc_type, exc, tb)
+    def __exit__(self, *exc_info: Any) -> None:
+        if exc_info[1] is not None:
+            self._run.on_tool_error(exc_info[1], tool_call_id=self.call.call_id)
+        self._close_span(exc_info)
 
     def finished(self, result: ToolResult, output: Output) -> None:
         """The call's result is in (``output`` goes into state): say so everywhere."""
-        self._finished(result, output)
-        failure = _failure(output)
-        if failure is not None:
-            self._run.on_tool_error(failure, tool_call_id=self.call.call_id)
-        else:
-            self._run.on_tool_end(output, name=self.call.tool)
+        self._end(result, output)
 
     # -- start and end, async ----------------------------------------------------------
 
@@ -122,24 +111,14 @@ class CallObserver:
         self._open_span()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is not None:
-            await self._run.on_tool_error(exc, tool_call_id=self.call.call_id)
-        self._close_span(exc_type, exc, tb)
+    async def __aexit__(self, *exc_info: Any) -> None:
+        if exc_info[1] is not None:
+            await self._run.on_tool_error(exc_info[1], tool_call_id=self.call.call_id)
+        self._close_span(exc_info)
 
     async def afinished(self, result: ToolResult, output: Output) -> None:
         """Async flavour of :meth:`finished`."""
-        self._finished(result, output)
-        failure = _failure(output)
-        if failure is not None:
-            await self._run.on_tool_error(failure, tool_call_id=self.call.call_id)
-        else:
-            await self._run.on_tool_end(output, name=self.call.tool)
+        await self._end(result, output)
 
     # -- what happens in between -------------------------------------------------------
 
@@ -218,14 +197,18 @@ class CallObserver:
         if traced is not None:
             self.call = replace(self.call, trace=traced)
 
-    def _close_span(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _close_span(self, exc_info: tuple[Any, ...]) -> None:
         if self._span_cm is not None:
-            self._span_cm.__exit__(exc_type, exc, tb)
+            self._span_cm.__exit__(*exc_info)
+
+    def _end(self, result: ToolResult, output: Output) -> Any:
+        """Say the call ended, and end the callbacks' tool run: what the run manager's
+        call returns (to await, on an async manager)."""
+        self._finished(result, output)
+        failure = _failure(output)
+        if failure is not None:
+            return self._run.on_tool_error(failure, tool_call_id=self.call.call_id)
+        return self._run.on_tool_end(output, name=self.call.tool)
 
     def _finished(self, result: ToolResult, output: Output) -> None:
         call = self.call

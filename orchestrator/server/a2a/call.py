@@ -3,6 +3,7 @@ its kinds share: the task a task id names, the values a run left."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -17,18 +18,16 @@ from orchestrator.server.services import Services
 from orchestrator.server.tenancy import thread_key
 
 
+@dataclass(eq=False)
 class CallBase:
     """One JSON-RPC call of a tenant to an assistant: who asks, of which assistant, in
     which dialect."""
 
-    def __init__(
-        self, svc: Services, tenant: str, assistant_id: str, request: Request, legacy: bool
-    ) -> None:
-        self.svc = svc
-        self.tenant = tenant
-        self.assistant_id = assistant_id
-        self.request = request
-        self.legacy = legacy
+    svc: Services
+    tenant: str
+    assistant_id: str
+    request: Request
+    legacy: bool
 
     def form(self, result: Any) -> Any:
         """A result in the form the call's method name asks for."""

@@ -74,19 +74,13 @@ class ServerMetrics:
     def __init__(self, svc: Services, label_key: bytes = b"") -> None:
         self.svc = svc
         self.registry = CollectorRegistry(auto_describe=False)
-        self.dispatch_to_start = Histogram(
+        self.dispatch_to_start = self._per_tool(
             "toolfleet_server_call_dispatch_to_start_seconds",
             "Seconds from publishing a tool call to the worker's start notice.",
-            ["tool"],
-            buckets=BUCKETS,
-            registry=self.registry,
         )
-        self.result_wait = Histogram(
+        self.result_wait = self._per_tool(
             "toolfleet_server_call_result_wait_seconds",
             "Seconds from publishing a tool call to its result arriving.",
-            ["tool"],
-            buckets=BUCKETS,
-            registry=self.registry,
         )
         self.registry.register(_Gauges(svc))
         self.registry.register(_TenantGauges(svc, label_key))
@@ -94,6 +88,9 @@ class ServerMetrics:
             on_start=lambda tool, s: self.dispatch_to_start.labels(tool).observe(s),
             on_result=lambda tool, s: self.result_wait.labels(tool).observe(s),
         )
+
+    def _per_tool(self, name: str, documentation: str) -> Histogram:
+        return Histogram(name, documentation, ["tool"], buckets=BUCKETS, registry=self.registry)
 
     def render(self) -> bytes:
         """The exposition text of every series."""
