@@ -3,9 +3,9 @@
 The agent loop stays LangChain's. Each ``Send("tools", [call])`` reaches
 :meth:`CeleryToolMiddleware.wrap_tool_call` (or ``awrap_tool_call``), which decides
 where the call runs, publishes it as a Celery task, waits for its result and returns
-the ToolMessage, built here with the model's own ``tool_call_id``. The two hooks are
-thin shells over the same decisions (:meth:`CeleryToolMiddleware._route`,
-:meth:`CeleryToolMiddleware._finish`); they differ only in how they wait.
+the ToolMessage, built here with the model's own ``tool_call_id``. Both hooks run one
+flow (:meth:`CeleryToolMiddleware._call`) whose every step that waits names its blocking
+and its awaited side; a sync hook runs it to its end with no event loop.
 
 Parallelism: every Send task of a superstep calls the hook on its own. Async runs make
 each an asyncio task, and the calls of one loop turn are published as one batch. Sync
@@ -23,9 +23,9 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 from langchain.agents.middleware import AgentMiddleware, hook_config
 from langchain_core.messages import ToolMessage
@@ -58,6 +58,8 @@ from tool_workers.contract.names import task_id_for
 from tool_workers.contract.wire_json import NotJSONError
 
 log = logging.getLogger("toolfleet.orchestrator")
+
+T = TypeVar("T")
 
 POLL = 0.25
 """Seconds between registry reads while a call waits for a worker serving its tool."""
@@ -197,7 +199,7 @@ class CeleryToolMiddleware(AgentMiddleware):
         log.info(describe(table))
         return table
 
-    # -- the tool hooks: the same decisions, sync and async; they differ in how they wait
+    # -- the tool hooks: one flow, sync and async ----------------------------------------
 
     def wrap_tool_call(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Output]
@@ -207,65 +209,107 @@ class CeleryToolMiddleware(AgentMiddleware):
         site = CallSite.of(request)
         ticket = self._ahead.enter(site.fan_out_key, site.call_id)
         try:
-            return self._run_sync(request, handler, site, ticket)
+            return _blocking(self._call(request, handler, site, ticket))
         finally:
             self._ahead.leave(ticket)
 
-    def _run_sync(
+    async def awrap_tool_call(
         self,
         request: ToolCallRequest,
-        handler: Callable[[ToolCallRequest], Output],
-        site: CallSite,
-        ticket: Ticket,
+        handler: Callable[[ToolCallRequest], Awaitable[Output]],
     ) -> Output:
-        route = self._route(site, self._dispatcher.served_tools())
+        """Run the call on the workers (batched with this loop turn's calls), or here."""
+        return await self._call(request, handler, CallSite.of(request), None)
+
+    async def _call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[..., Any],
+        site: CallSite,
+        ticket: Ticket | None,
+    ) -> Output:
+        """A call from its hook to its answer, sync or async: each step that waits is
+        :func:`_either` side. ``ticket`` is a sync hook's place in its fan-out (``None``:
+        an async hook); a sync hook runs this to its end at once (:func:`_blocking`)."""
+        sync, dispatcher = ticket is not None, self._dispatcher
+        served = (dispatcher.served_tools, dispatcher.served_tools_async)
+        route = self._route(site, await _either(sync, *served))
         until = self._wait_until(site)
         while isinstance(route, _Wait) and time.monotonic() < until:
-            time.sleep(min(POLL, max(until - time.monotonic(), 0.0)))
-            route = self._route(site, self._dispatcher.served_tools())
+            await _either(
+                sync, time.sleep, asyncio.sleep, min(POLL, max(until - time.monotonic(), 0.0))
+            )
+            route = self._route(site, await _either(sync, *served))
         route = self._after_waiting(site, route)
         if route == "local":
-            return handler(request)
+            return cast(Output, await _either(sync, handler, handler, request))
         if isinstance(route, ToolMessage):
             return route
-        dispatcher = self._dispatcher
-        with CallObserver(site, route, dispatcher.timings) as seen:
+        async with _Observing(CallObserver(site, route, dispatcher.timings), sync) as seen:
             call = seen.call
             if site.passed():
                 raise _deadline_error(call, before=True)
+            # The tenant's turn (a run of the service): its other calls may be ahead.
             gate, tenant = _gate_of(site)
-            if gate is not None and not gate.acquire_sync(tenant, site.remaining()):
+            acquire = (gate.acquire_sync, gate.acquire) if gate is not None else None
+            if acquire is not None and not await _either(sync, *acquire, tenant, site.remaining()):
                 raise _deadline_error(call, before=True)
             try:
                 seen.publishing()
-                early = ticket.early
-                if (
-                    early is None
-                    or early.call.task_id != call.task_id
-                    or not self._ahead.attach(ticket, seen.on_state)
-                ):
-                    dispatcher.submit([call], seen.on_state)
-                # After its own call is out: a broker that cannot be reached fails this
-                # call within its own publication window, as without siblings ahead.
-                if gate is None and call.trace is None:
-                    try:
-                        self._publish_ahead(request, site)
-                    except Exception:  # publishing ahead only saves time: this call goes on
-                        log.warning("could not publish a fan-out's calls ahead", exc_info=True)
+                if ticket is not None:
+                    self._send(request, site, ticket, seen, gated=gate is not None)
                 else:
-                    self._note_pool(site)
+                    await dispatcher.submit_async(call, seen.on_state)
                 seen.dispatched()
-                result = dispatcher.wait(call)
+                result = await _either(sync, dispatcher.wait, dispatcher.wait_async, call)
             except ResultTimeout as exc:
-                dispatcher.cancel([call], terminate=True)
+                await _either(
+                    sync, dispatcher.cancel, dispatcher.cancel_async, [call], terminate=True
+                )
                 seen.cancelled()
                 raise _deadline_error(call, before=False, cause=exc) from exc
+            except asyncio.CancelledError:
+                if sync or site.handed_on:  # another replica goes on with the run: the call too
+                    raise
+                # The run was cancelled (or a sibling failed): nothing keeps working for it.
+                seen.cancelled()
+                await dispatcher.cancel_async([call], terminate=True)
+                raise
             finally:
                 if gate is not None:
                     gate.release(tenant)
             output = self._finish(call, result)
-            seen.finished(result, output)
+            await _either(sync, seen.finished, seen.afinished, result, output)
         return output
+
+    def _send(
+        self,
+        request: ToolCallRequest,
+        site: CallSite,
+        ticket: Ticket,
+        seen: CallObserver,
+        *,
+        gated: bool,
+    ) -> None:
+        """A sync hook publishes its call, unless it went ahead of its hook; then, at a
+        wide fan-out's first call, the siblings that may go ahead of theirs."""
+        call = seen.call
+        early = ticket.early
+        if (
+            early is None
+            or early.call.task_id != call.task_id
+            or not self._ahead.attach(ticket, seen.on_state)
+        ):
+            self._dispatcher.submit([call], seen.on_state)
+        # After its own call is out: a broker that cannot be reached fails this
+        # call within its own publication window, as without siblings ahead.
+        if not gated and call.trace is None:
+            try:
+                self._publish_ahead(request, site)
+            except Exception:  # publishing ahead only saves time: this call goes on
+                log.warning("could not publish a fan-out's calls ahead", exc_info=True)
+        else:
+            self._note_pool(site)
 
     def _publish_ahead(self, request: ToolCallRequest, site: CallSite) -> None:
         """At a fan-out's first call, publish its siblings that may go before their own
@@ -302,55 +346,6 @@ class CeleryToolMiddleware(AgentMiddleware):
         left = site.fan_out - sent
         if left > pool:
             self._note_pool(site, left)
-
-    async def awrap_tool_call(
-        self,
-        request: ToolCallRequest,
-        handler: Callable[[ToolCallRequest], Awaitable[Output]],
-    ) -> Output:
-        """Run the call on the workers (batched with this loop turn's calls), or here."""
-        site = CallSite.of(request)
-        route = self._route(site, await self._dispatcher.served_tools_async())
-        until = self._wait_until(site)
-        while isinstance(route, _Wait) and time.monotonic() < until:
-            await asyncio.sleep(min(POLL, max(until - time.monotonic(), 0.0)))
-            route = self._route(site, await self._dispatcher.served_tools_async())
-        route = self._after_waiting(site, route)
-        if route == "local":
-            return await handler(request)
-        if isinstance(route, ToolMessage):
-            return route
-        dispatcher = self._dispatcher
-        async with CallObserver(site, route, dispatcher.timings) as seen:
-            call = seen.call
-            if site.passed():
-                raise _deadline_error(call, before=True)
-            # The tenant's turn (a run of the service): its other calls may be ahead.
-            gate, tenant = _gate_of(site)
-            if gate is not None and not await gate.acquire(tenant, site.remaining()):
-                raise _deadline_error(call, before=True)
-            try:
-                seen.publishing()
-                await dispatcher.submit_async(call, seen.on_state)
-                seen.dispatched()
-                result = await dispatcher.wait_async(call)
-            except ResultTimeout as exc:
-                await dispatcher.cancel_async([call], terminate=True)
-                seen.cancelled()
-                raise _deadline_error(call, before=False, cause=exc) from exc
-            except asyncio.CancelledError:
-                if site.handed_on:  # another replica goes on with the run: the call too
-                    raise
-                # The run was cancelled (or a sibling failed): nothing keeps working for it.
-                seen.cancelled()
-                await dispatcher.cancel_async([call], terminate=True)
-                raise
-            finally:
-                if gate is not None:
-                    gate.release(tenant)
-            output = self._finish(call, result)
-            await seen.afinished(result, output)
-        return output
 
     # -- the decisions -------------------------------------------------------------------
 
@@ -489,3 +484,39 @@ def _deadline_error(
     verb = "could run" if before else "ran"
     why = f" ({cause})" if cause is not None else ""
     return RunDeadlineExceeded(f"run deadline passed {when} {call.tool} {verb}{why}")
+
+
+async def _either(
+    sync: bool, blocking: Callable[..., Any], awaited: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    """One step of a call that waits: ``blocking`` for a sync hook, ``awaited`` for an
+    async one."""
+    if sync:
+        return blocking(*args, **kwargs)
+    return await awaited(*args, **kwargs)
+
+
+def _blocking(flow: Coroutine[Any, Any, T]) -> T:
+    """What a coroutine whose every step blocks (it never suspends) returns, run here
+    and now, with no event loop."""
+    try:
+        flow.send(None)
+    except StopIteration as done:
+        return cast(T, done.value)
+    flow.close()
+    raise RuntimeError("a sync hook's call was suspended")
+
+
+class _Observing:
+    """``async with`` over a call's observer: its sync side for a sync hook."""
+
+    def __init__(self, seen: CallObserver, sync: bool) -> None:
+        self._seen, self._sync = seen, sync
+
+    async def __aenter__(self) -> CallObserver:
+        if self._sync:
+            return self._seen.__enter__()
+        return await self._seen.__aenter__()
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await _either(self._sync, self._seen.__exit__, self._seen.__aexit__, *exc_info)
