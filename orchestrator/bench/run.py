@@ -58,7 +58,8 @@ class Plan:
     fanout_sizes: tuple[int, ...] = (1, 10, 100, 500)
     fanout_seconds: float = 0.5
     fanout_repeats: int = 7
-    dispatch_calls: int = 100
+    dispatch_n: int = 100
+    """Calls published at once."""
     dispatch_repeats: int = 20
     throughput_runs: int = 16
     throughput_duration: float = 5.0
@@ -255,9 +256,7 @@ def run_bench(
                     budget=plan.bound / 2,
                     cpu_times=fleet.cpu_times,
                 ),
-                "dispatch": run_dispatch_cost(
-                    dispatcher, n=plan.dispatch_calls, repeats=plan.dispatch_repeats
-                ),
+                "dispatch": run_dispatch_cost(dispatcher, **plan.of("dispatch")),
             },
             "throughput": lambda: run_throughput(dispatcher, **plan.of("throughput")),
             "memory": lambda: run_memory(dispatcher, **plan.of("memory"), modes=("sync", "async")),

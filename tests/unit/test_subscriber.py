@@ -119,7 +119,7 @@ class SwallowingPubSub(FakePubSub):
             return await super().get_message(timeout)
         self.reading.set()
         try:
-            await asyncio.sleep(0.01)
+            await asyncio.Event().wait()  # a read in progress, until it is cancelled
         except asyncio.CancelledError:
             if not self.swallow:
                 raise
