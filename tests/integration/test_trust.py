@@ -18,7 +18,7 @@ from orchestrator import CeleryToolMiddleware, discover_tools, dispatcher_for, w
 from orchestrator.cli.status import queue_depths
 from orchestrator.local import WorkerProcess
 from orchestrator.scripted import ScriptedChatModel
-from tests.support.fleet import effects, one_turn, wait_until
+from tests.support.fleet import effects, one_turn, started_calls, wait_until
 from tool_workers.contract.broker import create_app
 from tool_workers.contract.models import ToolResult, WorkerEntry
 from tool_workers.contract.names import call_key, task_id_for, worker_registry_key
@@ -165,8 +165,8 @@ def test_worker_with_the_key_refuses_unsigned_and_mis_signed_requests(
     make_settings: Callable[..., Settings], start_worker: StartWorker, counter: redis.Redis
 ) -> None:
     """Given a worker with the key, when an orchestrator without it (or with another
-    key) calls a tool, then the call is refused with an error naming the signature and
-    the tool never runs."""
+    key) calls a tool, then the call is refused with an error naming the signature, the
+    tool never runs, and no start is counted for it."""
     worker_settings = make_settings(signing_key=KEY)
     start_worker(worker_settings, name="tf-strict", pool="threads", concurrency=2)
     keyless = make_settings(namespace=worker_settings.namespace)
@@ -184,6 +184,7 @@ def test_worker_with_the_key_refuses_unsigned_and_mis_signed_requests(
     assert mis_signed.status == "error"
     assert "does not match" in str(mis_signed.content)
     assert effects(counter, worker_settings, "touch") == {}
+    assert started_calls(worker_settings) == 0  # a refused request counts no start
 
 
 def test_orchestrator_with_the_key_refuses_results_of_a_worker_without_it(

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from celery.app.task import Context
+from celery.concurrency.prefork import TaskPool as PreforkPool
 from celery.exceptions import WorkerShutdown, WorkerTerminate
 from celery.worker import state as worker_state
 from celery.worker.consumer import Consumer
@@ -35,8 +37,15 @@ from tool_workers.celery_ext.envelope import (
     usable_task_id,
 )
 from tool_workers.celery_ext.event_loop import steady_retries
-from tool_workers.celery_ext.fence import HOLDING_HEADER, holding_in
+from tool_workers.celery_ext.fence import (
+    EARLY_STARTS,
+    HOLDING_HEADER,
+    EarlyStart,
+    holding_in,
+    parse_start,
+)
 from tool_workers.celery_ext.hand_on import HandOn, NotServed
+from tool_workers.celery_ext.transport import QoS as RecordingQoS
 from tool_workers.contract.marker import CallMarker, marker_key
 from tool_workers.contract.names import tool_from_task
 from tool_workers.observability import metrics as worker_metrics
@@ -121,6 +130,7 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
             if lease is not None:
                 # RabbitMQ: held under the worker's lease (on Redis, the transport's QoS).
                 lease.hold(message)
+            self._record(message)
             try:
                 handle(message)
             except connection_errors:
@@ -150,6 +160,50 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
                 if request not in worker_state.active_requests:
                     lease.release(holding_in(request.request_dict.get(HOLDING_HEADER)))
         super().on_close()
+
+    def _record(self, message: Any) -> None:
+        """Write the delivery's record as held (Redis); a call that starts at once in this
+        process is started in the same round trip (:class:`EarlyStart`)."""
+        qos = getattr(message.channel, "qos", None)
+        if not isinstance(qos, RecordingQoS) or not qos.pending(message.delivery_tag):
+            return
+        early = self._early(message)
+        reply = qos.record(early if early is not None and early.keys else None)
+        if early is None or (early.keys and reply is None):
+            return  # the task body admits and starts it
+        if reply is not None:
+            early = replace(early, start=parse_start(reply))
+        EARLY_STARTS.put(message.delivery_tag, early)
+
+    def _early(self, message: Any) -> EarlyStart | None:
+        """The early start of a delivery the pool runs now in this process: a tool's call,
+        in a threads or solo pool with a slot free, neither rate-limited, expiring nor
+        revoked; ``None`` otherwise (its task body starts it, when it runs)."""
+        pool = self.pool
+        if pool is None or isinstance(pool, PreforkPool):
+            return None  # a pool process starts it: the start names that process
+        headers = message.headers
+        name, task_id = headers.get("task"), headers.get("id")
+        starters = self.app.conf.get("toolfleet_early_starts") or {}
+        starter: Any = starters.get(name) if isinstance(name, str) else None
+        task = self.app.tasks.get(name) if starter is not None else None
+        if (
+            task is None
+            or (task.rate_limit and not self.disable_rate_limits)
+            or headers.get("expires")
+            or task_id in worker_state.revoked
+            or len(worker_state.reserved_requests) >= (getattr(pool, "limit", 0) or 0)
+        ):
+            return None
+        args, kwargs, _ = message.payload
+        properties = message.properties if isinstance(message.properties, dict) else {}
+        context = Context(headers, reply_to=properties.get("reply_to"), hostname=self.hostname)
+        try:
+            early: EarlyStart = starter(context, args[0] if args else kwargs.get("request"))
+        except Exception:  # its task body admits it again, and answers
+            log.exception("could not admit call %s early", usable_task_id(task_id))
+            return None
+        return early
 
     def _handed_on(self, message: Any) -> bool:
         """Hand on (or answer) a call this worker does not serve at the version asked

@@ -20,6 +20,9 @@ and the delivery tag, in the in-memory header :data:`HOLDING_HEADER`), and:
 
 from __future__ import annotations
 
+import collections
+import hashlib
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,6 +136,10 @@ a hand-on, and announced on the caller's reply channel. The marker also names th
 and process that started it (operators, and the fault tests, read it there)."""
 
 
+START_SHA = hashlib.sha1(START_SCRIPT.encode()).hexdigest()
+"""The start script's digest (its ``EVALSHA`` name)."""
+
+
 @dataclass(frozen=True)
 class Start:
     """What the start round trip of a delivery found."""
@@ -213,6 +220,61 @@ def parse_start(reply: Any) -> Start:
         bool(int(unknown)),
         bool(int(unmarked)),
     )
+
+
+@dataclass(frozen=True)
+class EarlyStart:
+    """A delivery the consumer admitted, and started in the round trip that records it
+    as held.
+
+    Only where a call runs in the consumer's own process (a threads or solo pool) with a
+    slot free, so that it starts at once: the start names this process, and no started
+    call waits. The request is admitted first (signature, tool, age): a refused one is
+    recorded with no start, and carries its answer. The task body finds it by the
+    delivery's tag (:data:`EARLY_STARTS`), and neither checks the request again nor
+    runs a start of its own."""
+
+    task_id: str
+    request: Any = None
+    """The admitted request (:class:`~tool_workers.contract.models.ToolRequest`)."""
+    answer: dict[str, Any] | None = None
+    """The answer to a request that must not run (then there is no start)."""
+    keys: tuple[str, ...] = ()
+    """:data:`START_SCRIPT`'s keys, full (the caller strips what its client prefixes)."""
+    args: tuple[Any, ...] = ()
+    since: int = 0
+    """The epoch watch's generation before the start (the task body's loss check)."""
+    start: Start | None = None
+    """What the start found, once it ran."""
+
+
+class EarlyStarts:
+    """The early starts of this process not yet taken by their task body, by delivery tag
+    (the most recent :data:`EARLY_MEMORY`: a call Celery drops unrun leaves its entry)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._starts: collections.OrderedDict[str, EarlyStart] = collections.OrderedDict()
+
+    def put(self, tag: str, early: EarlyStart) -> None:
+        with self._lock:
+            self._starts[tag] = early
+            while len(self._starts) > self._size:
+                self._starts.popitem(last=False)
+
+    def take(self, tag: str, task_id: str) -> EarlyStart | None:
+        """The early start of delivery ``tag`` of ``task_id`` (once), if there was one."""
+        with self._lock:
+            early = self._starts.pop(tag, None)
+        return early if early is not None and early.task_id == task_id else None
+
+
+EARLY_MEMORY = 4_096
+"""Early starts kept for their task body (more than any pool's slots)."""
+
+EARLY_STARTS = EarlyStarts(EARLY_MEMORY)
+"""This process's early starts (:class:`EarlyStart`)."""
 
 
 RETRY_SCRIPT = (

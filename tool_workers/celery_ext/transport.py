@@ -9,7 +9,10 @@ error``. The entry is already off the list, so this channel logs one line and go
 polling: there is no task id to answer, and nothing to give back.
 
 Its QoS records each delivery in the worker's lease (:mod:`tool_workers.celery_ext.lease`)
-in the same round trip where kombu records it as unacknowledged, and leaves alone, when
+in the same round trip where kombu records it as unacknowledged. The round trip goes once
+the consumer has read the message (before anything else the QoS sends), so that a call
+the worker runs at once in its own process is started in it too
+(:class:`tool_workers.celery_ext.fence.EarlyStart`). The QoS leaves alone, when
 it is acknowledged, rejected or restored, a delivery the lease says was handed on to
 another worker: under the same delivery tag, that message is now the other worker's. A
 delivery the store of its result acknowledged already (:mod:`tool_workers.celery_ext.backend`)
@@ -40,8 +43,10 @@ from queue import Empty
 from time import time
 from typing import Any
 
+from redis.exceptions import NoScriptError
+
 from tool_workers.celery_ext import lease as leases
-from tool_workers.celery_ext.fence import HOLDING_HEADER
+from tool_workers.celery_ext.fence import HOLDING_HEADER, START_SCRIPT, START_SHA, EarlyStart
 from tool_workers.compat.kombu import (
     RedisChannel,
     RedisQoS,
@@ -60,9 +65,13 @@ class QoS(RedisQoS):
     """kombu's Redis ack emulation, with each delivery held under the worker's lease."""
 
     _pipeline: Any = None
+    _pending: str | None = None
+    """The delivery whose record waits in :attr:`_pipeline` (:meth:`record`)."""
 
     def append(self, message: Any, delivery_tag: str) -> None:
-        """Record ``message`` as unacknowledged, and as held by this worker's lease."""
+        """Note ``message`` as unacknowledged, and as held by this worker's lease: its
+        record goes to Redis at :meth:`record`, before anything else this QoS sends."""
+        self.record()
         lease = leases.current()
         queue = self.channel.connection.delivering if lease is not None else None
         if lease is None or queue is None:
@@ -92,13 +101,52 @@ class QoS(RedisQoS):
                 ),
             )
             pipe.hset(_relative(channel, held), delivery_tag, entry)
-            pipe.execute()
+        self._pending = delivery_tag
+        channel.connection.recording = self
         self.track(message, delivery_tag)
         if isinstance(message.headers, dict):
             message.headers[HOLDING_HEADER] = [held, delivery_tag]
 
+    def pending(self, delivery_tag: str) -> bool:
+        """Whether the record of ``delivery_tag`` waits to be written (:meth:`record`)."""
+        return self._pending is not None and self._pending == delivery_tag
+
+    def record(self, start: EarlyStart | None = None) -> Any:
+        """Write the waiting delivery's record (the consumer does, once it has read the
+        message; anything else this QoS sends writes it first), and run ``start``'s
+        start script in the same round trip. The start's reply, or ``None`` when it did
+        not run (nothing waited, or the server did not know the script yet: it knows it
+        now, and the task body starts the call)."""
+        tag, self._pending = self._pending, None
+        if tag is None:
+            return None
+        pipe = self._pipeline
+        prefix = self.channel.global_keyprefix or ""
+        if start is not None and not start.keys[0].startswith(prefix):
+            start = None  # its client would prefix the marker's key wrongly
+        if start is not None:
+            # kombu's prefixing client prefixes only the first key of an EVALSHA.
+            first, *rest = start.keys
+            pipe.evalsha(START_SHA, len(start.keys), first[len(prefix) :], *rest, *start.args)
+        replies = pipe.execute(raise_on_error=False)
+        for reply in replies[:3]:
+            if isinstance(reply, Exception):
+                raise reply
+        if start is None:
+            return None
+        reply = replies[-1]
+        if isinstance(reply, NoScriptError):
+            with self.channel.conn_or_acquire() as client:
+                client.script_load(START_SCRIPT)
+            return None
+        if isinstance(reply, Exception):
+            log.warning("could not start delivery %s with its record: %r", tag, reply)
+            return None
+        return reply
+
     def ack(self, delivery_tag: str) -> None:
         """Acknowledge a delivery; one handed on to another worker only here."""
+        self.record()
         lease = leases.current()
         if lease is None:
             super().ack(delivery_tag)  # type: ignore[no-untyped-call]
@@ -113,6 +161,7 @@ class QoS(RedisQoS):
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         """Reject a delivery; one handed on to another worker is on its queue already."""
+        self.record()
         lease = leases.current()
         if lease is None or requeue:
             super().reject(delivery_tag, requeue=requeue)  # type: ignore[no-untyped-call]
@@ -122,6 +171,7 @@ class QoS(RedisQoS):
 
     def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
         """Give a delivery back to its queue, unless it was handed on already."""
+        self.record()
         lease = leases.current()
         if lease is not None and not lease.still_holds(_text(tag)):
             lease.forget(_text(tag))
@@ -190,6 +240,15 @@ class Transport(RedisTransport):
     """kombu's Redis transport with :class:`Channel`."""
 
     Channel = Channel
+    recording: QoS | None = None
+    """The QoS whose delivery's record waits (:meth:`QoS.record`)."""
+
+    def delivered(self) -> None:
+        """The delivery's record is written by the time its callbacks return, whatever
+        they did (the consumer writes it sooner, with the call's start)."""
+        qos, self.recording = self.recording, None
+        if qos is not None:
+            qos.record()
 
 
 class SentinelChannel(Channel, RedisSentinelChannel):

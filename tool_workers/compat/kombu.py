@@ -164,6 +164,11 @@ class RedisTransport(kombu_redis.Transport):
             return super()._deliver(message, queue)  # type: ignore[no-untyped-call]
         finally:
             self.delivering = None
+            self.delivered()
+
+    def delivered(self) -> None:
+        """A delivery's callbacks returned (or raised). Override to finish what its
+        consumer left."""
 
 
 RedisSentinelChannel = kombu_redis.SentinelChannel

@@ -27,9 +27,12 @@ from pydantic import ValidationError
 from tool_workers.celery_ext.amqp_lease import dropped_unrun
 from tool_workers.celery_ext.backend import reply_channel_of, state_meta
 from tool_workers.celery_ext.fence import (
+    EARLY_STARTS,
     RETRY_SCRIPT,
     START_SCRIPT,
+    EarlyStart,
     Start,
+    holding_of,
     parse_start,
     start_args,
 )
@@ -208,29 +211,26 @@ def _register(
             raise failure_of(result) from tool_traceback()
         return result
 
-    def answer(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """The call's result (wire form, sealed): the task body but for how it ends."""
-        worker = self.request.hostname or ""
-        raw = args[0] if args else kwargs.get("request")
+    def admit(task_id: str, raw: Any, epoch: str, worker: str) -> ToolRequest | dict[str, Any]:
+        """The request of a delivery, or the answer (sealed) to one that must not run:
+        unsigned or signed wrongly, malformed, naming another tool, or untimely."""
         if signing_key:
-            problem = request_problem(
-                signing_key, self.request.id, own_task, raw, epoch_of(self.request)
-            )
+            problem = request_problem(signing_key, task_id, own_task, raw, epoch)
             if problem is not None:
-                log.error("refused the %s request of call %s", problem, self.request.id)
+                log.error("refused the %s request of call %s", problem, task_id)
                 refused = ToolResult.error(
                     "protocol", refused_request_text(tool.name, problem), worker=worker
                 )
-                return seal(self.request.id, refused.to_wire())
+                return seal(task_id, refused.to_wire())
         request = _decode(raw, tool.name, worker)
         if isinstance(request, ToolResult):
-            return seal(self.request.id, request.to_wire())
+            return seal(task_id, request.to_wire())
         if request.tool != tool.name:
             # The task name routed the call here; a request naming another tool is not
             # run as this one.
             log.error(
                 "refused call %s: the task is %s, its request names another tool",
-                self.request.id,
+                task_id,
                 tool.name,
             )
             mismatch = ToolResult.error(
@@ -239,15 +239,57 @@ def _register(
                 f"({request.tool!r}); it was not run.\n Please fix your mistakes.",
                 worker=worker,
             )
-            return seal(self.request.id, mismatch.to_wire())
-
+            return seal(task_id, mismatch.to_wire())
         if signing_key:
             untimely = _untimely(request, tool.name, lifetime, worker)
             if untimely is not None:
-                return seal(self.request.id, untimely.to_wire())
+                return seal(task_id, untimely.to_wire())
+        return request
+
+    def early(context: Any, raw: Any) -> EarlyStart:
+        """A delivery the consumer admits and starts in the round trip that records it
+        (:class:`~tool_workers.celery_ext.fence.EarlyStart`): with no start when its
+        request must not run (its answer is given with no start counted)."""
+        worker = context.hostname or ""
+        request = admit(context.id, raw, epoch_of(context), worker)
+        if not isinstance(request, ToolRequest):
+            return EarlyStart(context.id, answer=request)
+        since = EPOCHS.generation
+        keys, args = _start_of(context, key_prefix, lifetime, worker, request.progress)
+        return EarlyStart(context.id, request, None, tuple(keys), tuple(args), since)
+
+    early_starts = app.conf.get("toolfleet_early_starts")
+    if early_starts is None:
+        early_starts = app.conf.toolfleet_early_starts = {}
+    early_starts[own_task] = early
+
+    def answer(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The call's result (wire form, sealed): the task body but for how it ends."""
+        worker = self.request.hostname or ""
+        holding = holding_of(self.request)
+        early = EARLY_STARTS.take(holding[1], self.request.id) if holding else None
+        if early is not None and early.answer is not None:
+            return early.answer
+        if early is not None and early.start is not None:
+            request = early.request
+        else:
+            early = None
+            raw = args[0] if args else kwargs.get("request")
+            admitted = admit(self.request.id, raw, epoch_of(self.request), worker)
+            if not isinstance(admitted, ToolRequest):
+                return admitted
+            request = admitted
         attempt = self.request.retries + 1
         refusal = _check_delivery(
-            self, key_prefix, lifetime, attempt, tool.name, policy, worker, request.progress
+            self,
+            key_prefix,
+            lifetime,
+            attempt,
+            tool.name,
+            policy,
+            worker,
+            request.progress,
+            early,
         )
         if refusal is not None:
             return seal(self.request.id, refusal)
@@ -444,6 +486,34 @@ def _records_lost(task: Task, key_prefix: str, start: Start, since: int) -> bool
     return start.unknown
 
 
+def _start_of(
+    request: Any, key_prefix: str, lifetime: int, worker: str, announce: bool
+) -> tuple[list[str], list[Any]]:
+    """The start script's keys and arguments for the delivery of ``request`` (its
+    STARTED state announced on the caller's reply channel when it asked for progress)."""
+    task_id = request.id
+    channel = reply_channel_of(request) if announce else ""
+    started = (
+        json.dumps(
+            state_meta(task_id, {"pid": os.getpid(), "hostname": worker}, "STARTED"),
+            separators=(",", ":"),
+        )
+        if channel
+        else ""
+    )
+    return start_args(
+        key_prefix,
+        task_id,
+        lifetime,
+        request,
+        channel,
+        started,
+        worker,
+        os.getpid(),
+        check_epoch=EPOCHS.due(),
+    )
+
+
 def _check_delivery(
     task: Task,
     key_prefix: str,
@@ -453,6 +523,7 @@ def _check_delivery(
     policy: ToolPolicy,
     worker: str,
     announce: bool,
+    early: EarlyStart | None = None,
 ) -> dict[str, Any] | None:
     """Count this start; refuse a cancelled call, or a redelivery that must not run
     (returns the result to give).
@@ -460,33 +531,18 @@ def _check_delivery(
     One round trip (:data:`~tool_workers.celery_ext.fence.START_SCRIPT`) counts the
     start in the call's marker (fenced: only a delivery still held starts), reads whether
     the call was cancelled or handed on, and announces STARTED on the caller's reply
-    channel when the caller asked for progress. A cancelled call is answered
-    ``cancelled`` and never run. Celery retries raise the attempt number, so ``starts -
-    attempt`` is how many times a worker died under this call.
+    channel when the caller asked for progress; none here when the consumer ran it
+    already (``early``). A cancelled call is answered ``cancelled`` and never run.
+    Celery retries raise the attempt number, so ``starts - attempt`` is how many times
+    a worker died under this call.
     """
     task_id = task.request.id
-    channel = reply_channel_of(task.request) if announce else ""
-    started = (
-        json.dumps(
-            state_meta(task_id, {"pid": os.getpid(), "hostname": worker}, "STARTED"),
-            separators=(",", ":"),
-        )
-        if channel
-        else ""
-    )
-    since = EPOCHS.generation
-    keys, args = start_args(
-        key_prefix,
-        task_id,
-        lifetime,
-        task.request,
-        channel,
-        started,
-        worker,
-        os.getpid(),
-        check_epoch=EPOCHS.due(),
-    )
-    start = parse_start(_start_script(task.backend)(keys=keys, args=args))
+    if early is not None and early.start is not None:
+        start, since = early.start, early.since
+    else:
+        since = EPOCHS.generation
+        keys, args = _start_of(task.request, key_prefix, lifetime, worker, announce)
+        start = parse_start(_start_script(task.backend)(keys=keys, args=args))
     unknown = _records_lost(task, key_prefix, start, since)
     # A retries header above the retries a worker scheduled was written by someone else.
     attempt = min(attempt, start.scheduled + 1)

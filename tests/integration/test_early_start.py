@@ -1,0 +1,70 @@
+"""A call a threads pool runs at once is started in the round trip that records its
+delivery; one that waits for a slot is started only when a thread takes it. Real
+workers, real Redis."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from orchestrator import dispatcher_for
+from tests.faults.scaling import calls
+from tests.support.fleet import effects, wait_started, wait_until
+from tool_workers.celery_ext.fence import HELD
+from tool_workers.contract.marker import CallMarker, marker_key
+from tool_workers.contract.settings import Settings
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _held(client: redis.Redis, settings: Settings) -> set[str]:
+    """The calls the namespace's workers hold under their leases."""
+    held: set[str] = set()
+    for key in client.scan_iter(match=f"{settings.key_prefix}{HELD}*", count=1000):
+        for entry in client.hvals(key):
+            held.add(str(json.loads(entry)[0]))
+    return held
+
+
+def _starts(client: redis.Redis, settings: Settings, task_id: str) -> int:
+    marker = CallMarker.parse(client.get(marker_key(settings.key_prefix, task_id)))
+    return 0 if marker is None else marker.starts
+
+
+def test_a_call_waiting_for_a_slot_is_started_only_when_it_runs(
+    make_settings: Callable[..., Settings],
+    start_worker: Callable[..., Any],
+    redis_url: str,
+    counter: redis.Redis,
+) -> None:
+    """Given a threads worker with one slot that fetches ahead, when a second call
+    arrives while the first runs, then the second is held by the worker but not started
+    (its marker counts no start) until the first is done; each runs once, and each start
+    names the worker's own process."""
+    settings = make_settings(prefetch_multiplier=4)
+    worker = start_worker(settings, pool="threads", concurrency=1)
+    dispatcher = dispatcher_for(settings=settings)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        specs = dispatcher.served_tools(fresh=True)
+        first, waiting = calls(specs, "touch", 2, seconds=3.0)
+        dispatcher.submit([first])
+        assert wait_started(settings, first.task_id)["pid"] == worker.pid
+        dispatcher.submit([waiting])
+        wait_until(
+            lambda: waiting.task_id in _held(client, settings), 10, "the second call's fetch"
+        )
+        assert _starts(client, settings, waiting.task_id) == 0
+        assert _starts(client, settings, first.task_id) == 1
+        results = [dispatcher.wait(c, timeout=60) for c in (first, waiting)]
+        assert [r.status for r in results] == ["success", "success"], results
+        assert _starts(client, settings, waiting.task_id) == 1
+        assert wait_started(settings, waiting.task_id)["pid"] == worker.pid
+        assert effects(counter, settings, "touch") == {first.task_id: 1, waiting.task_id: 1}
+    finally:
+        client.close()
+        dispatcher.close()
