@@ -163,11 +163,10 @@ KNOWN_FLOORS = {
     "d.sync": "a sync call holds a thread of LangGraph's executor for its whole wait, and a "
     "thread's stack is most of the memory it costs",
     "e": "the workers share the machine's cores with the orchestrator and Redis",
-    "f.": "a call's delivery is recorded (unacknowledged, held under the lease) by the "
-    "consumer when it takes the call, before a pool process starts it; the fenced start "
-    "must run when the call starts (a prefetched call may wait, and a worker back from a "
-    "cut must not start a call handed on meanwhile); its result's store also acknowledges "
-    "it: three writes at three moments",
+    "f.": "a call a threads pool runs at once is started in the round trip that records "
+    "its delivery, and its result's store acknowledges it: two; a call that waits for a "
+    "slot is started when a thread takes it (a worker back from a cut must not start a "
+    "call handed on meanwhile): three",
     "g.bytes": "the request carries the call's graph context (thread, run and tool call "
     "ids, routing version) beside Celery's envelope",
     "g.throughput": "the orchestrator runs LangGraph's agent loop per call (about 2 ms of "
