@@ -110,4 +110,4 @@ def test_the_round_trip_target_counts_the_worker_beside_a_bare_celery_worker() -
     (found,) = [t for t in targets(report) if t["id"] == "f.rt20"]
     assert found["value"] == 3.0 and found["limit"] == 2.0 and not found["pass"]
     assert "raw Celery's: 4.15" in found["what"]
-    assert "three moments" in why_missed("f.rt20", report)
+    assert "waits for a slot" in why_missed("f.rt20", report)
