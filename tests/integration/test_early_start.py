@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
 from orchestrator import dispatcher_for
+from orchestrator.local import EmbeddedRedis
 from tests.faults.scaling import calls
-from tests.support.fleet import effects, wait_started, wait_until
+from tests.support.fleet import effects, fleet_settings, wait_started, wait_until
 from tool_workers.celery_ext.fence import HELD
 from tool_workers.contract.marker import CallMarker, marker_key
 from tool_workers.contract.settings import Settings
@@ -68,3 +70,30 @@ def test_a_call_waiting_for_a_slot_is_started_only_when_it_runs(
     finally:
         client.close()
         dispatcher.close()
+
+
+def test_a_call_starts_after_the_server_forgot_the_start_script(
+    start_worker: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Given a threads worker on a server that forgets its scripts (a flush, a restart),
+    when calls come after the flush, then each is recorded, started once and answered:
+    the first one's start goes with its task body, the next ones with their records."""
+    with EmbeddedRedis() as server:
+        settings = fleet_settings(server.url, tmp_path)
+        start_worker(settings, pool="threads", concurrency=2)
+        dispatcher = dispatcher_for(settings=settings)
+        client = redis.Redis.from_url(server.url)
+        try:
+            specs = dispatcher.served_tools(fresh=True)
+            warm, *after = calls(specs, "touch", 3)
+            dispatcher.submit([warm])
+            assert dispatcher.wait(warm, timeout=30).status == "success"
+            client.script_flush()
+            for call in after:
+                dispatcher.submit([call])
+                assert dispatcher.wait(call, timeout=30).status == "success"
+                assert _starts(client, settings, call.task_id) == 1
+            assert effects(client, settings, "touch") == {c.task_id: 1 for c in (warm, *after)}
+        finally:
+            client.close()
+            dispatcher.close()
