@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -83,9 +84,15 @@ def run_links(
     points = []
     target = urlsplit(fleet.broker_url)
     host, port = target.hostname or "127.0.0.1", target.port or 6379
-    # A bare Celery worker's count, beside: the same on any link (no delay added).
+    # Beside, on a link with no delay (a count is the same on any link): a bare Celery
+    # worker's, and a toolfleet worker's of the prefork pool (compose's), whose pool
+    # processes start their calls themselves.
     with DelayProxy(host, port, 0.0) as raw_link:
         raw = raw_round_trips(fleet, fleet.settings("links-raw"), raw_link, calls=calls)
+    with DelayProxy(host, port, 0.0) as prefork_link:
+        prefork = prefork_round_trips(
+            fleet, fleet.settings("links-prefork"), prefork_link, calls=calls
+        )
     for delay_ms in delays_ms:
         one_way = delay_ms / 2000
         with (
@@ -120,6 +127,7 @@ def run_links(
         "seconds": seconds,
         "calls": calls,
         "celery_raw": raw,
+        "prefork": prefork,
         "points": points,
     }
 
@@ -137,18 +145,42 @@ def raw_round_trips(
     app = create_raw_app(fleet.broker_url, worker.prefix)
     try:
         worker.wait_ready(timeout=90)
-        before = link.exchanges.snapshot()
-        t0 = time.perf_counter()
-        for i in range(calls):
-            app.send_task(NOOP, args=(f"call {i}",)).get(timeout=30)
-        window = time.perf_counter() - t0
-        busy = _delta(link.exchanges.snapshot(), before)
-        before = link.exchanges.snapshot()
-        time.sleep(window)
-        trips = per_call(busy, _delta(link.exchanges.snapshot(), before), calls)
+        return _counted(link, lambda: app.send_task(NOOP, args=("call",)).get(timeout=30), calls)
     finally:
         app.close()
         fleet.stop_workers([worker])
+
+
+def prefork_round_trips(
+    fleet: BenchFleet, settings: Any, link: DelayProxy, *, calls: int
+) -> dict[str, Any]:
+    """The round trips a toolfleet worker of the prefork pool (one process) has per
+    ``echo`` call, counted on ``link``, whole agent runs one after another."""
+    reached = settings.model_copy(update={"broker_url": proxied(fleet.broker_url, link.port)})
+    workers = fleet.start_workers(reached, 1, pool="prefork", concurrency=1)
+    runner = Runner()
+    remote = fleet_agent(one_turn_model([("echo", {"text": "hi"})]), fleet.dispatcher(settings))
+    try:
+        check_results(runner.run(remote, "sync"), 1)  # the pool process's connection
+        return _counted(link, lambda: check_results(runner.run(remote, "sync"), 1), calls)
+    finally:
+        runner.close()
+        close_for(settings)
+        fleet.stop_workers(workers)
+
+
+def _counted(link: DelayProxy, call: Callable[[], Any], calls: int) -> dict[str, Any]:
+    """A worker's exchanges on ``link`` per call while ``call`` is made ``calls`` times,
+    one after another, less those of an idle window as long."""
+    before = link.exchanges.snapshot()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        call()
+    window = time.perf_counter() - t0
+    busy = _delta(link.exchanges.snapshot(), before)
+    before = link.exchanges.snapshot()
+    time.sleep(window)
+    trips = per_call(busy, _delta(link.exchanges.snapshot(), before), calls)
     return {
         "worker": trips,
         "worker_beyond_delivery": round(sum(v for k, v in trips.items() if k != DELIVERY), 2),

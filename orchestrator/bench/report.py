@@ -229,8 +229,9 @@ def _links_sections(links: dict[str, Any]) -> list[Section]:
         for kind, count in p["round_trips"][side].items()
     ]
     kinds += [
-        ["0 ms", "raw Celery worker", kind, f"{count:.2f}"]
-        for kind, count in links.get("celery_raw", {}).get("worker", {}).items()
+        ["0 ms", side, kind, f"{count:.2f}"]
+        for key, side in (("prefork", "worker, prefork pool"), ("celery_raw", "raw Celery worker"))
+        for kind, count in links.get(key, {}).get("worker", {}).items()
     ]
     out.append(
         (

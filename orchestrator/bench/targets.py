@@ -141,6 +141,18 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "",
             )
         )
+    prefork = links.get("prefork", {}).get("worker_beyond_delivery")
+    if prefork is not None:
+        out.append(
+            _target(
+                "f.prefork",
+                f"worker round trips per call beyond the broker's delivery, prefork pool{beside}",
+                prefork,
+                "<=",
+                2.0,
+                "",
+            )
+        )
     out.extend(_cost_targets(scenarios.get("cost", {})))
     for target in out:
         if not target["pass"]:
@@ -163,6 +175,10 @@ KNOWN_FLOORS = {
     "d.sync": "a sync call holds a thread of LangGraph's executor for its whole wait, and a "
     "thread's stack is most of the memory it costs",
     "e": "the workers share the machine's cores with the orchestrator and Redis",
+    "f.prefork": "a prefork pool's process starts each call itself, when it takes it: the "
+    "start names that process (the call's marker, its STARTED state), which the consumer "
+    "does not know when it records the delivery; record, start and store are three round "
+    "trips",
     "f.": "a call a threads pool runs at once is started in the round trip that records "
     "its delivery, and its result's store acknowledges it: two; a call that waits for a "
     "slot is started when a thread takes it (a worker back from a cut must not start a "
@@ -182,7 +198,7 @@ KNOWN_FLOORS = {
 """What bounds a target from below, as measured (``bench/README.md``), by id prefix."""
 
 
-COUNTED = ("g.commands.", "f.rt")
+COUNTED = ("g.commands.", "f.rt", "f.prefork")
 """Targets that count (Redis commands, round trips per call): the same at any size and
 on any machine, so a miss is not put down to a quick run or a busy machine."""
 
