@@ -15,7 +15,13 @@ import redis
 from orchestrator import dispatcher_for
 from orchestrator.local import EmbeddedRedis
 from tests.faults.scaling import calls
-from tests.support.fleet import effects, fleet_settings, wait_started, wait_until
+from tests.support.fleet import (
+    effects,
+    fleet_settings,
+    result_state,
+    wait_started,
+    wait_until,
+)
 from tool_workers.celery_ext.fence import HELD
 from tool_workers.contract.marker import CallMarker, marker_key
 from tool_workers.contract.settings import Settings
@@ -53,7 +59,9 @@ def test_a_call_waiting_for_a_slot_is_started_only_when_it_runs(
     client = redis.Redis.from_url(redis_url)
     try:
         specs = dispatcher.served_tools(fresh=True)
-        first, waiting = calls(specs, "touch", 2, seconds=3.0)
+        # The first runs long enough for the checks below to fall inside it.
+        (first,) = calls(specs, "touch", 1, seconds=8.0)
+        (waiting,) = calls(specs, "touch", 1)
         dispatcher.submit([first])
         assert wait_started(settings, first.task_id)["pid"] == worker.pid
         dispatcher.submit([waiting])
@@ -62,6 +70,7 @@ def test_a_call_waiting_for_a_slot_is_started_only_when_it_runs(
         )
         assert _starts(client, settings, waiting.task_id) == 0
         assert _starts(client, settings, first.task_id) == 1
+        assert result_state(settings, first.task_id) is None, "the first call ended already"
         results = [dispatcher.wait(c, timeout=60) for c in (first, waiting)]
         assert [r.status for r in results] == ["success", "success"], results
         assert _starts(client, settings, waiting.task_id) == 1
