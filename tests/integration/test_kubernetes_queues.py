@@ -76,12 +76,20 @@ def test_calls_wait_in_the_lists_the_scaled_objects_watch(
             worker.start()
         for worker in workers.values():
             worker.wait_ready()
-        # Each worker stops consuming its kind's queue: calls sent there wait.
+        # Each worker stops consuming its kind's queue: calls sent there wait. A worker
+        # hears broadcasts once its control channel is subscribed, which may come after
+        # its registry entry (what wait_ready sees): asked until it answers.
         for kind, worker in workers.items():
             for queue in worker_queues(resources, kind):
                 # RabbitMQ's consumers are known by the queue's broker name.
                 name = broker_key(settings, app, queue) if amqp else queue
-                app.control.cancel_consumer(name, destination=[worker.hostname], reply=True)
+                wait_until(
+                    lambda name=name, worker=worker: app.control.cancel_consumer(
+                        name, destination=[worker.hostname], reply=True, timeout=1.0
+                    ),
+                    20,
+                    f"{worker.hostname}'s answer to cancelling its consumer of {name}",
+                )
         dispatcher = dispatcher_for(settings=settings)
         served = dispatcher.served_tools(fresh=True)
         sent: dict[str, set[str]] = {}
