@@ -86,7 +86,7 @@ def run_links(
     host, port = target.hostname or "127.0.0.1", target.port or 6379
     # Beside, on a link with no delay (a count is the same on any link): a bare Celery
     # worker's, and a toolfleet worker's of the prefork pool (compose's), whose pool
-    # processes start their calls themselves.
+    # processes run calls the worker's main process started.
     with DelayProxy(host, port, 0.0) as raw_link:
         raw = raw_round_trips(fleet, fleet.settings("links-raw"), raw_link, calls=calls)
     with DelayProxy(host, port, 0.0) as prefork_link:

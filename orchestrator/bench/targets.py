@@ -175,14 +175,10 @@ KNOWN_FLOORS = {
     "d.sync": "a sync call holds a thread of LangGraph's executor for its whole wait, and a "
     "thread's stack is most of the memory it costs",
     "e": "the workers share the machine's cores with the orchestrator and Redis",
-    "f.prefork": "a prefork pool's process starts each call itself, when it takes it: the "
-    "start names that process (the call's marker, its STARTED state), which the consumer "
-    "does not know when it records the delivery; record, start and store are three round "
-    "trips",
-    "f.": "a call a threads pool runs at once is started in the round trip that records "
-    "its delivery, and its result's store acknowledges it: two; a call that waits for a "
-    "slot is started when a thread takes it (a worker back from a cut must not start a "
-    "call handed on meanwhile): three; the lease's batched removal of held records "
+    "f.": "a call that finds a slot free (either pool) is started in the round trip that "
+    "records its delivery, and its result's store acknowledges it: two; a call that waits "
+    "for a slot is started when the pool takes it (a worker back from a cut must not start "
+    "a call handed on meanwhile): three; the lease's batched removal of held records "
     "(HDEL) is counted per call too",
     "g.bytes": "the request carries the call's graph context (thread, run and tool call "
     "ids, routing version) beside Celery's envelope",

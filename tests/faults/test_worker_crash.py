@@ -15,7 +15,7 @@ from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, ToolMessage
 
 from orchestrator import CeleryToolMiddleware, ScriptedChatModel, discover_tools, dispatcher_for
-from tests.support.fleet import effects, wait_started, wait_until
+from tests.support.fleet import effects, running_pid, wait_started, wait_until
 from tool_workers.contract.names import call_key, task_id_for
 from tool_workers.contract.settings import Settings
 
@@ -66,12 +66,11 @@ class AgentRun:
         return message
 
 
-def kill_pool_child(settings: Settings, counter: Any, tool: str, task_id: str) -> dict[str, Any]:
-    started = wait_started(settings, task_id)
+def kill_pool_child(settings: Settings, counter: Any, tool: str, task_id: str) -> None:
+    pid = running_pid(settings, task_id)
     # Well inside the call: its side effect has happened, the tool is still running.
     wait_until(lambda: effects(counter, settings, tool).get(task_id) == 1, 20, "the effect")
-    os.kill(int(started["pid"]), signal.SIGKILL)
-    return started
+    os.kill(pid, signal.SIGKILL)
 
 
 def crash_trial(
@@ -172,9 +171,9 @@ def test_pool_child_kill_soak(
         args: dict[str, Any] = {"amount": trial} if tool == "charge" else {"tag": str(trial)}
         run = AgentRun(settings, tool, {**args, "seconds": 1})
         run.start()
-        started = wait_started(settings, run.task_id)
+        pid = running_pid(settings, run.task_id)
         time.sleep(0.1 * (trial % 8))
-        os.kill(int(started["pid"]), signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
         message = run.result()
         # Trial 0 kills right after the start: the tool may not have made its effect yet.
         runs = effects(counter, settings, tool).get(run.task_id, 0)

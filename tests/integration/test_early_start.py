@@ -1,6 +1,6 @@
-"""A call a threads pool runs at once is started in the round trip that records its
-delivery; one that waits for a slot is started only when a thread takes it. Real
-workers, real Redis."""
+"""A call a worker runs at once is started in the round trip that records its delivery;
+one that waits for a slot is started only when the pool takes it. Real workers, real
+Redis."""
 
 from __future__ import annotations
 
@@ -43,18 +43,21 @@ def _starts(client: redis.Redis, settings: Settings, task_id: str) -> int:
     return 0 if marker is None else marker.starts
 
 
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
 def test_a_call_waiting_for_a_slot_is_started_only_when_it_runs(
     make_settings: Callable[..., Settings],
     start_worker: Callable[..., Any],
     redis_url: str,
     counter: redis.Redis,
+    pool: str,
 ) -> None:
-    """Given a threads worker with one slot that fetches ahead, when a second call
-    arrives while the first runs, then the second is held by the worker but not started
-    (its marker counts no start) until the first is done; each runs once, and each start
-    names the worker's own process."""
+    """Given a worker with one slot that fetches ahead, when a second call arrives while
+    the first runs, then the second is held by the worker but not started (its marker
+    counts no start) until the first is done; each runs once. The first, which found the
+    slot free, was started by the worker's main process with its record; the second by
+    the process that ran it (a prefork pool's process, which the result names too)."""
     settings = make_settings(prefetch_multiplier=4)
-    worker = start_worker(settings, pool="threads", concurrency=1)
+    worker = start_worker(settings, pool=pool, concurrency=1)
     dispatcher = dispatcher_for(settings=settings)
     client = redis.Redis.from_url(redis_url)
     try:
@@ -74,7 +77,9 @@ def test_a_call_waiting_for_a_slot_is_started_only_when_it_runs(
         results = [dispatcher.wait(c, timeout=60) for c in (first, waiting)]
         assert [r.status for r in results] == ["success", "success"], results
         assert _starts(client, settings, waiting.task_id) == 1
-        assert wait_started(settings, waiting.task_id)["pid"] == worker.pid
+        ran_in = results[1].pid
+        assert wait_started(settings, waiting.task_id)["pid"] == ran_in
+        assert (ran_in == worker.pid) == (pool == "threads"), (ran_in, worker.pid)
         assert effects(counter, settings, "touch") == {first.task_id: 1, waiting.task_id: 1}
     finally:
         client.close()

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator import dispatcher_for
 from orchestrator.call import PreparedCall
-from tests.support.fleet import wait_started
+from tests.support.fleet import running_pid
 from tests.support.serving import free_port
 from tool_workers.contract.names import task_id_for
 from tool_workers.contract.settings import Settings
@@ -45,11 +45,6 @@ def scrape(port: int, worker: str) -> Samples:
             key = (sample.name, sample.labels["tool"], sample.labels["outcome"])
             samples[key] = sample.value
     return samples
-
-
-def started_pid(settings: Settings, task_id: str) -> int:
-    """The pool process a call runs in, once the worker has started it."""
-    return int(wait_started(settings, task_id)["pid"])
 
 
 def test_worker_counts_every_outcome_by_tool_under_prefork(
@@ -83,12 +78,12 @@ def test_worker_counts_every_outcome_by_tool_under_prefork(
 
     lost = call("touch", tag="lost", seconds=5)
     dispatcher.submit([lost])
-    os.kill(started_pid(settings, lost.task_id), signal.SIGKILL)
+    os.kill(running_pid(settings, lost.task_id), signal.SIGKILL)
     assert dispatcher.wait(lost, timeout=30).status == "success"  # run again
 
     cancelled = call("sleep_for", seconds=30)
     dispatcher.submit([cancelled])
-    started_pid(settings, cancelled.task_id)
+    running_pid(settings, cancelled.task_id)
     dispatcher.cancel([cancelled], terminate=True)
 
     expected = {

@@ -178,6 +178,25 @@ def wait_started(settings: Settings, task_id: str, timeout: float = 20.0) -> dic
         client.close()
 
 
+def running_pid(settings: Settings, task_id: str, timeout: float = 20.0) -> int:
+    """Wait until a pool process runs the call; its pid, as the worker answers ``inspect
+    active`` (a call's marker names the process that started it: a prefork worker's main
+    process)."""
+    app = create_app(settings)
+
+    def running() -> int | None:
+        for requests in (app.control.inspect(timeout=0.5).active() or {}).values():
+            for request in requests:
+                if request.get("id") == task_id and request.get("worker_pid"):
+                    return int(request["worker_pid"])
+        return None
+
+    try:
+        return int(wait_until(running, timeout, f"call {task_id} in a pool process"))
+    finally:
+        app.close()
+
+
 def result_state(settings: Settings, task_id: str) -> str | None:
     """The Celery state stored for a call (``None`` if nothing is stored)."""
     app = create_app(settings)

@@ -116,7 +116,7 @@ def test_the_round_trip_target_counts_the_worker_beside_a_bare_celery_worker() -
 def test_a_prefork_workers_round_trips_are_a_target_of_their_own() -> None:
     """Given scenario f's count for a prefork worker, when the targets are read, then it is
     a target of its own, beside a bare Celery worker's count, and its miss names what
-    bounds it: the pool process starts each call."""
+    bounds it: a call that waits for a slot is started when the pool takes it."""
     report = {
         "machine": {"cores": 2},
         "scenarios": {
@@ -130,4 +130,4 @@ def test_a_prefork_workers_round_trips_are_a_target_of_their_own() -> None:
     (found,) = [t for t in targets(report) if t["id"] == "f.prefork"]
     assert found["value"] == 3.0 and found["limit"] == 2.0 and not found["pass"]
     assert "raw Celery's: 3.9" in found["what"] and "prefork" in found["what"]
-    assert "pool's process starts each call itself" in found["why"]
+    assert "waits for a slot" in found["why"]

@@ -20,10 +20,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 from celery.app.task import Context
-from celery.concurrency.prefork import TaskPool as PreforkPool
 from celery.exceptions import WorkerShutdown, WorkerTerminate
 from celery.worker import state as worker_state
 from celery.worker.consumer import Consumer
@@ -38,7 +38,7 @@ from tool_workers.celery_ext.envelope import (
 )
 from tool_workers.celery_ext.event_loop import steady_retries
 from tool_workers.celery_ext.fence import (
-    EARLY_STARTS,
+    EARLY_HEADER,
     HOLDING_HEADER,
     EarlyStart,
     holding_in,
@@ -162,8 +162,8 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
         super().on_close()
 
     def _record(self, message: Any) -> None:
-        """Write the delivery's record as held (Redis); a call that starts at once in this
-        process is started in the same round trip (:class:`EarlyStart`)."""
+        """Write the delivery's record as held (Redis); a call that starts at once is
+        started in the same round trip (:class:`EarlyStart`)."""
         qos = getattr(message.channel, "qos", None)
         if not isinstance(qos, RecordingQoS) or not qos.pending(message.delivery_tag):
             return
@@ -171,17 +171,17 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
         reply = qos.record(early if early is not None and early.keys else None)
         if early is None or (early.keys and reply is None):
             return  # the task body admits and starts it
-        if reply is not None:
-            early = replace(early, start=parse_start(reply))
-        EARLY_STARTS.put(message.delivery_tag, early)
+        start = parse_start(reply) if reply is not None else None
+        # What the task body needs, on the request Celery makes of these headers.
+        message.headers[EARLY_HEADER] = replace(early, keys=(), args=(), start=start)
 
     def _early(self, message: Any) -> EarlyStart | None:
-        """The early start of a delivery the pool runs now in this process: a tool's call,
-        in a threads or solo pool with a slot free, neither rate-limited, expiring nor
-        revoked; ``None`` otherwise (its task body starts it, when it runs)."""
+        """The early start of a delivery the pool runs now: a tool's call with a slot
+        free, neither rate-limited, expiring nor revoked; ``None`` otherwise (its task
+        body starts it, when it runs)."""
         pool = self.pool
-        if pool is None or isinstance(pool, PreforkPool):
-            return None  # a pool process starts it: the start names that process
+        if pool is None or not isinstance(message.headers, dict):
+            return None
         headers = message.headers
         name, task_id = headers.get("task"), headers.get("id")
         starters = self.app.conf.get("toolfleet_early_starts") or {}
@@ -197,8 +197,12 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
             return None
         args, kwargs, _ = message.payload
         properties = message.properties if isinstance(message.properties, dict) else {}
-        context = Context(headers, reply_to=properties.get("reply_to"), hostname=self.hostname)
         try:
+            # The headers as the task body's request shows them (Celery's Context would
+            # also sort out its custom headers, which nothing here reads).
+            context = SimpleNamespace(
+                **{**headers, "reply_to": properties.get("reply_to"), "hostname": self.hostname}
+            )
             early: EarlyStart = starter(context, args[0] if args else kwargs.get("request"))
         except Exception:  # its task body admits it again, and answers
             log.exception("could not admit call %s early", usable_task_id(task_id))

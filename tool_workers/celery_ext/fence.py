@@ -20,9 +20,8 @@ and the delivery tag, in the in-memory header :data:`HOLDING_HEADER`), and:
 
 from __future__ import annotations
 
-import collections
+import contextlib
 import hashlib
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,17 +221,26 @@ def parse_start(reply: Any) -> Start:
     )
 
 
+EARLY_HEADER = "toolfleet_early"
+"""Header the consumer gives a delivery it started early: its :class:`EarlyStart`.
+
+Set in memory only, on the delivery's headers before Celery makes its request of them:
+the task body reads it from its request (a prefork pool process gets it with the
+request). A publisher cannot forge one: a header off the wire is JSON, never an
+:class:`EarlyStart` (:func:`take_early`)."""
+
+
 @dataclass(frozen=True)
 class EarlyStart:
     """A delivery the consumer admitted, and started in the round trip that records it
     as held.
 
-    Only where a call runs in the consumer's own process (a threads or solo pool) with a
-    slot free, so that it starts at once: the start names this process, and no started
-    call waits. The request is admitted first (signature, tool, age): a refused one is
-    recorded with no start, and carries its answer. The task body finds it by the
-    delivery's tag (:data:`EARLY_STARTS`), and neither checks the request again nor
-    runs a start of its own."""
+    Only a call that runs at once (a slot free), so that no started call waits. The start
+    names the consumer's process, the worker's main process (in a prefork pool, not the
+    pool process that runs the call: the result names that one). The request is
+    admitted first (signature, tool, age): a refused one is recorded with no start, and
+    carries its answer. The task body takes it off its request (:func:`take_early`), and
+    neither checks the request again nor runs a start of its own."""
 
     task_id: str
     request: Any = None
@@ -244,37 +252,27 @@ class EarlyStart:
     args: tuple[Any, ...] = ()
     since: int = 0
     """The epoch watch's generation before the start (the task body's loss check)."""
+    pid: int = 0
+    """The process that ran the start (:attr:`since` is of its watch)."""
     start: Start | None = None
     """What the start found, once it ran."""
 
 
-class EarlyStarts:
-    """The early starts of this process not yet taken by their task body, by delivery tag
-    (the most recent :data:`EARLY_MEMORY`: a call Celery drops unrun leaves its entry)."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._lock = threading.Lock()
-        self._starts: collections.OrderedDict[str, EarlyStart] = collections.OrderedDict()
-
-    def put(self, tag: str, early: EarlyStart) -> None:
-        with self._lock:
-            self._starts[tag] = early
-            while len(self._starts) > self._size:
-                self._starts.popitem(last=False)
-
-    def take(self, tag: str, task_id: str) -> EarlyStart | None:
-        """The early start of delivery ``tag`` of ``task_id`` (once), if there was one."""
-        with self._lock:
-            early = self._starts.pop(tag, None)
-        return early if early is not None and early.task_id == task_id else None
-
-
-EARLY_MEMORY = 4_096
-"""Early starts kept for their task body (more than any pool's slots)."""
-
-EARLY_STARTS = EarlyStarts(EARLY_MEMORY)
-"""This process's early starts (:class:`EarlyStart`)."""
+def take_early(request: Any) -> EarlyStart | None:
+    """The early start the consumer gave the delivery of ``request``, if any, taken off
+    the request (a retry publishes the request's other headers on: this one is not JSON)."""
+    if request is None:
+        return None
+    early = getattr(request, EARLY_HEADER, None)
+    if early is not None:
+        with contextlib.suppress(AttributeError):
+            delattr(request, EARLY_HEADER)
+    headers = getattr(request, "headers", None)
+    if isinstance(headers, dict):
+        headers.pop(EARLY_HEADER, None)
+    if isinstance(early, EarlyStart) and early.task_id == getattr(request, "id", None):
+        return early
+    return None
 
 
 RETRY_SCRIPT = (

@@ -27,14 +27,13 @@ from pydantic import ValidationError
 from tool_workers.celery_ext.amqp_lease import dropped_unrun
 from tool_workers.celery_ext.backend import reply_channel_of, state_meta
 from tool_workers.celery_ext.fence import (
-    EARLY_STARTS,
     RETRY_SCRIPT,
     START_SCRIPT,
     EarlyStart,
     Start,
-    holding_of,
     parse_start,
     start_args,
+    take_early,
 )
 from tool_workers.contract.broker import RESTORE_INTERVAL, visibility_timeout
 from tool_workers.contract.epoch import (
@@ -256,7 +255,7 @@ def _register(
             return EarlyStart(context.id, answer=request)
         since = EPOCHS.generation
         keys, args = _start_of(context, key_prefix, lifetime, worker, request.progress)
-        return EarlyStart(context.id, request, None, tuple(keys), tuple(args), since)
+        return EarlyStart(context.id, request, None, tuple(keys), tuple(args), since, os.getpid())
 
     early_starts = app.conf.get("toolfleet_early_starts")
     if early_starts is None:
@@ -266,8 +265,7 @@ def _register(
     def answer(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The call's result (wire form, sealed): the task body but for how it ends."""
         worker = self.request.hostname or ""
-        holding = holding_of(self.request)
-        early = EARLY_STARTS.take(holding[1], self.request.id) if holding else None
+        early = take_early(self.request)
         if early is not None and early.answer is not None:
             return early.answer
         if early is not None and early.start is not None:
@@ -538,7 +536,9 @@ def _check_delivery(
     """
     task_id = task.request.id
     if early is not None and early.start is not None:
-        start, since = early.start, early.since
+        start = early.start
+        # A pool process's own watch, when the consumer's process started it.
+        since = early.since if early.pid == os.getpid() else EPOCHS.generation
     else:
         since = EPOCHS.generation
         keys, args = _start_of(task.request, key_prefix, lifetime, worker, announce)
