@@ -132,7 +132,8 @@ return {
 worker was cut off and its lease lapsed); otherwise counted in the call's marker, which
 names this attempt as the one that may store (the fence), read for a cancellation and
 a hand-on, and announced on the caller's reply channel. The marker also names the worker
-and process that started it (operators, and the fault tests, read it there)."""
+and process that started it (the worker's main process when it started the call as it
+took it: :class:`EarlyStart`)."""
 
 
 START_SHA = hashlib.sha1(START_SCRIPT.encode()).hexdigest()
