@@ -42,7 +42,7 @@ ALLOWED: dict[str, str] = {
     "formatter._base": "toolfleet's own KeyValueFormatter's wrapped formatter "
     "(tool_workers.contract.logs)",
     "backend._toolfleet_scripts": "toolfleet's own scripts, cached on the result backend "
-    "(tool_workers.runtime.tasks)",
+    "(tool_workers.runtime.delivery)",
     "copy._tool_run": "toolfleet's own tracer's tool run, given to its copy "
     "(tool_workers.observability.trace_parent)",
 }

@@ -180,9 +180,9 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
         free, neither rate-limited, expiring nor revoked; ``None`` otherwise (its task
         body starts it, when it runs)."""
         pool = self.pool
-        if pool is None or not isinstance(message.headers, dict):
+        if pool is None:
             return None
-        headers = message.headers
+        headers = message.headers  # a dict: check_message refused any other
         name, task_id = headers.get("task"), headers.get("id")
         starters = self.app.conf.get("toolfleet_early_starts") or {}
         starter: Any = starters.get(name) if isinstance(name, str) else None

@@ -11,7 +11,7 @@ polling: there is no task id to answer, and nothing to give back.
 Its QoS records each delivery in the worker's lease (:mod:`tool_workers.celery_ext.lease`)
 in the same round trip where kombu records it as unacknowledged. The round trip goes once
 the consumer has read the message (before anything else the QoS sends), so that a call
-the worker runs at once in its own process is started in it too
+the worker runs at once is started in it too
 (:class:`tool_workers.celery_ext.fence.EarlyStart`). The QoS leaves alone, when
 it is acknowledged, rejected or restored, a delivery the lease says was handed on to
 another worker: under the same delivery tag, that message is now the other worker's. A
@@ -109,7 +109,7 @@ class QoS(RedisQoS):
 
     def pending(self, delivery_tag: str) -> bool:
         """Whether the record of ``delivery_tag`` waits to be written (:meth:`record`)."""
-        return self._pending is not None and self._pending == delivery_tag
+        return self._pending == delivery_tag
 
     def record(self, start: EarlyStart | None = None) -> Any:
         """Write the waiting delivery's record (the consumer does, once it has read the
@@ -129,7 +129,7 @@ class QoS(RedisQoS):
             first, *rest = start.keys
             pipe.evalsha(START_SHA, len(start.keys), first[len(prefix) :], *rest, *start.args)
         replies = pipe.execute(raise_on_error=False)
-        for reply in replies[:3]:
+        for reply in replies[:-1] if start is not None else replies:
             if isinstance(reply, Exception):
                 raise reply
         if start is None:
