@@ -218,9 +218,6 @@ class Connections:
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
-            future.cancel()
-            log.warning("restarting MCP server %s: a call is stuck in it", server)
-            self._restart(connection)
             raise TimeoutError(
                 f"MCP tool {tool!r} of server {server!r} took over {timeout} s"
             ) from None
@@ -231,12 +228,14 @@ class Connections:
                 raise
             self._restart(connection)
             raise ServerExited(f"MCP server {server!r} exited during the call") from exc
-        except BaseException:
-            if not future.done():  # interrupted here (the soft time limit): the call is stuck
-                future.cancel()
-                log.warning("restarting MCP server %s: a call is stuck in it", server)
+        finally:
+            if not future.done():
+                # Timed out, or interrupted here (the soft time limit): the call is stuck.
+                # Restarted first: the pool's soft time limit, due at about the same time
+                # as ``timeout``, may interrupt what comes after.
                 self._restart(connection)
-            raise
+                future.cancel()
+                log.warning("restarted MCP server %s: a call was stuck in it", server)
 
     def _restart(self, connection: _Connection) -> None:
         assert self._loop is not None
