@@ -12,6 +12,10 @@ delay (0, 20 and 50 ms of added round trip) the scenario measures:
   another: every request (or pipeline of requests) a client sends and the server
   answers is one exchange, named by its Redis commands. The same count over an idle
   window of equal length (heartbeats, registry refreshes, health checks) is subtracted.
+  The workers here renew their leases every :data:`LEASE_REFRESH` seconds, not every
+  second: a renewal (and the sweep after it) is one round trip each, whatever the calls,
+  with the held records of the calls settled since; one more or fewer in the busy window
+  than in the idle one would move a count by 0.1 per call.
   On the worker's side the ``BRPOP`` that hands it the call is the broker's own
   delivery; the rest are what toolfleet and Celery add.
 """
@@ -41,6 +45,19 @@ from orchestrator.dispatch.fleet import close_for
 
 DELIVERY = "BRPOP"
 """The worker's exchange that is the broker's own delivery of a call."""
+
+
+LEASE_REFRESH = 300.0
+"""Seconds between the lease renewals of this scenario's workers: longer than any of
+its windows, so that the counts are the calls' alone."""
+
+
+def counting(settings: Any) -> Any:
+    """``settings`` for a worker whose round trips are counted: its lease renewed once,
+    at its start, within the scenario."""
+    return settings.model_copy(
+        update={"lease_refresh": LEASE_REFRESH, "lease_ttl": 3 * LEASE_REFRESH}
+    )
 
 
 def proxied(url: str, port: int) -> str:
@@ -91,7 +108,7 @@ def run_links(
         raw = raw_round_trips(fleet, fleet.settings("links-raw"), raw_link, calls=calls)
     with DelayProxy(host, port, 0.0) as prefork_link:
         prefork = prefork_round_trips(
-            fleet, fleet.settings("links-prefork"), prefork_link, calls=calls
+            fleet, counting(fleet.settings("links-prefork")), prefork_link, calls=calls
         )
     for delay_ms in delays_ms:
         one_way = delay_ms / 2000
@@ -99,7 +116,7 @@ def run_links(
             DelayProxy(host, port, one_way) as worker_link,
             DelayProxy(host, port, one_way) as orchestrator_link,
         ):
-            group = fleet.settings(f"links{delay_ms}")
+            group = counting(fleet.settings(f"links{delay_ms}"))
             worker_settings = group.model_copy(
                 update={"broker_url": proxied(fleet.broker_url, worker_link.port)}
             )

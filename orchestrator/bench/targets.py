@@ -178,8 +178,7 @@ KNOWN_FLOORS = {
     "f.": "a call that finds a slot free (either pool) is started in the round trip that "
     "records its delivery, and its result's store acknowledges it: two; a call that waits "
     "for a slot is started when the pool takes it (a worker back from a cut must not start "
-    "a call handed on meanwhile): three; the lease's batched removal of held records "
-    "(HDEL) is counted per call too",
+    "a call handed on meanwhile): three",
     "g.bytes": "the request carries the call's graph context (thread, run and tool call "
     "ids, routing version) beside Celery's envelope",
     "g.throughput": "the orchestrator runs LangGraph's agent loop per call (about 2 ms of "

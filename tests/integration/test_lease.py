@@ -10,11 +10,14 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
 from celery.worker import state as worker_state
 
+from orchestrator.bench.delay_proxy import DelayProxy
+from orchestrator.bench.links import proxied
 from tests.support.fleet import wait_until
 from tool_workers.celery_ext.backend import _STORE
 from tool_workers.celery_ext.fence import (
@@ -166,6 +169,34 @@ def test_a_renewed_lease_is_never_swept(client: redis.Redis, settings: Settings)
         worker.tick()
         assert survivor.tick() == []
     assert client.hexists(worker.held, "tag-1")
+
+
+def test_the_records_of_settled_deliveries_go_with_the_next_renewal(
+    redis_url: str, client: redis.Redis, settings: Settings
+) -> None:
+    """Given a worker whose calls' results were stored (each store acknowledged its
+    delivery), when its lease is next renewed, then their held records go in the same
+    round trip as the renewal: a busy worker's lease costs no round trip more than an
+    idle one's."""
+    target = urlsplit(redis_url)
+    with DelayProxy(target.hostname or "127.0.0.1", target.port or 6379, 0.0) as link:
+        counted = redis.Redis.from_url(proxied(redis_url, link.port))
+        clock = Clock()
+        worker = make_lease(counted, settings, clock)
+        worker.hold_sweeps()  # no sweep in these ticks: the renewal alone
+        worker.tick()
+        for n in range(3):
+            deliver(client, settings, worker, f"tag-{n}", f"task-{n}")
+        worker.settle("tag-0")
+        worker.settle("tag-1")
+        before, _ = link.exchanges.snapshot()
+
+        assert worker.tick() == []
+
+        after, _ = link.exchanges.snapshot()
+        counted.close()
+    assert after - before == 1
+    assert client.hkeys(worker.held) == [b"tag-2"]
 
 
 def start(client: redis.Redis, settings: Settings, task: str, request: object) -> object:

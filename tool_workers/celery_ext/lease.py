@@ -54,9 +54,13 @@ def leases_key(key_prefix: str) -> str:
 
 
 # KEYS: leases zset, own held hash. ARGV: lease id, ttl ms, first renewal (1/0),
-# retention ms of the records. Returns 1, or 0 when the lease was swept: its holdings
-# were handed on.
+# retention ms of the records, then the delivery tags settled since the last renewal
+# (their held records go). Returns 1, or 0 when the lease was swept: its holdings were
+# handed on.
 _RENEW = """
+for i = 5, #ARGV, 1000 do
+    redis.call('HDEL', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 if ARGV[3] ~= '1' and not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
@@ -207,26 +211,38 @@ class Lease:
 
     def settle(self, tag: str) -> None:
         """Delivery ``tag`` was acknowledged by the store of its result: its record goes
-        now in this process, and its held entry from Redis at the next renewal. (No later
-        delivery can take the tag meanwhile: the message is no longer unacknowledged,
-        so nothing gives it back to a queue.)"""
+        now in this process, and its held entry from Redis with the next renewal, in the
+        same round trip. (No later delivery can take the tag meanwhile: the message is no
+        longer unacknowledged, so nothing gives it back to a queue.)"""
         held = self.held_key_of(tag)
         with self._lock:
             self._holding.pop(tag, None)
             if held is not None:
                 self._released.append((held, tag))
 
-    def released(self) -> None:
-        """Remove the records of the deliveries released since the last renewal."""
+    def _renew_releasing(self, lease_id: str, first: bool) -> bool:
+        """Renew lease ``lease_id`` and remove, in the same script, the held records of
+        the deliveries released since the last renewal. Those of an earlier lease of this
+        worker (released after a lapse) go in a pipeline of their own."""
+        held = held_key(self.key_prefix, lease_id)
         with self._lock:
             done, self._released = self._released, []
-        if not done:
-            return
         try:
-            with self.client.pipeline(transaction=False) as pipe:
-                for held, tag in done:
-                    pipe.hdel(held, tag)
-                pipe.execute()
+            earlier = [(key, tag) for key, tag in done if key != held]
+            if earlier:
+                with self.client.pipeline(transaction=False) as pipe:
+                    for key, tag in earlier:
+                        pipe.hdel(key, tag)
+                    pipe.execute()
+            tags = [tag for key, tag in done if key == held]
+            ttl_ms = max(1, round(self.ttl * 1000))
+            retention_ms = max(1, round(self.retention * 1000))
+            return bool(
+                self._renew(
+                    keys=[leases_key(self.key_prefix), held],
+                    args=[lease_id, ttl_ms, "1" if first else "0", retention_ms, *tags],
+                )
+            )
         except redis.RedisError:
             with self._lock:
                 self._released[:0] = done
@@ -331,18 +347,12 @@ class Lease:
 
     def tick(self) -> list[str]:
         """Renew once, then sweep once; the task ids this sweep moved back to queues."""
-        ttl_ms = max(1, round(self.ttl * 1000))
-        retention_ms = max(1, round(self.retention * 1000))
         lease_id = self.id
-        renewed = self._renew(
-            keys=[leases_key(self.key_prefix), held_key(self.key_prefix, lease_id)],
-            args=[lease_id, ttl_ms, "1" if self._first else "0", retention_ms],
-        )
+        renewed = self._renew_releasing(lease_id, self._first)
         self._first = False
         if not renewed:
             self._lapsed(lease_id)
             self.hold_sweeps()
-        self.released()
         if self._clock() < self._sweeps_from:
             return []
         return self.sweep()
@@ -399,10 +409,7 @@ class Lease:
             self.id = uuid.uuid4().hex
             new_id = self.id
         # Deliveries from now on are held under the new lease: register it at once.
-        self._renew(
-            keys=[leases_key(self.key_prefix), held_key(self.key_prefix, new_id)],
-            args=[new_id, max(1, round(self.ttl * 1000)), "1", round(self.retention * 1000)],
-        )
+        self._renew_releasing(new_id, first=True)
         if not lost:
             log.warning("this worker's lease lapsed while it was unreachable; renewed")
             return
