@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import logging
 import os
 import pkgutil
 import re
@@ -239,6 +240,38 @@ def test_a_requests_flags_read_as_not_ended_by_default() -> None:
     from celery.worker.request import Request
 
     assert celery_compat.ended_by_worker(Request.__new__(Request)) is False
+
+
+class Short(dict):  # type: ignore[type-arg]
+    """A task's return value whose repr in Celery's success line is written short."""
+
+
+def test_the_tracer_writes_a_short_repr_for_the_kind_that_has_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Given a short repr installed for one kind of result, when Celery's tracer runs a
+    task returning that kind, then its success line carries the short repr; a task
+    returning anything else keeps Celery's own."""
+    from celery import Celery
+
+    app = Celery("compat-repr", set_as_current=False)
+    celery_compat.short_result_repr(Short, lambda result: f"<{len(result)} keys>")
+
+    @app.task(name="short", shared=False)  # type: ignore[untyped-decorator]
+    def short() -> Short:
+        return Short(a=1, b=2)
+
+    @app.task(name="plain", shared=False)  # type: ignore[untyped-decorator]
+    def plain() -> dict[str, int]:
+        return {"a": 1}
+
+    with caplog.at_level(logging.INFO, logger="celery.app.trace"):
+        assert short.apply().get() == {"a": 1, "b": 2}
+        plain.apply().get()
+    lines = [r.getMessage() for r in caplog.records if "succeeded" in r.getMessage()]
+    assert len(lines) == 2
+    assert lines[0].endswith(": <2 keys>")
+    assert lines[1].endswith(": {'a': 1}")
 
 
 # billiard: a job record as the pool keeps it, read as a view.

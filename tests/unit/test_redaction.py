@@ -16,8 +16,10 @@ from tool_workers.celery_ext.redaction import (
     VALUE_CHARS,
     SucceededLineFilter,
     ToolCallRequest,
+    ToolTaskResult,
     args_summary,
     result_summary,
+    short_result_repr,
 )
 from tool_workers.contract.models import ToolResult
 
@@ -34,6 +36,20 @@ def test_summary_keeps_the_status_only() -> None:
     assert result_summary(rstr(ok)) == "<success>"
     assert result_summary(rstr(failed)) == "<error>"
     assert result_summary("not a tool result") == "<result>"
+
+
+def test_a_tool_tasks_result_is_summed_up_without_walking_it() -> None:
+    """Given a tool task's return value, Celery's tracer gets its status alone as its
+    repr (what the log line and Flower's event show of it anyway), not a repr of the
+    whole result it would then throw away."""
+    short_result_repr()
+    ok = ToolTaskResult(ToolResult(content="the secret file content " * 100).to_wire())
+
+    assert trace.saferepr(ok, 1024) == "{'status': 'success'}"
+    assert result_summary(trace.saferepr(ok, 1024)) == "<success>"
+    assert trace.saferepr({"status": "success", "content": "x"}, 1024) == (
+        "{'status': 'success', 'content': 'x'}"
+    )
 
 
 def succeeded_record(name: str, return_value: str) -> logging.LogRecord:

@@ -18,6 +18,9 @@ Results need two more stops, because Celery prints ``repr(result)`` (up to the t
 in ...: <result>" log line, and the ``result`` field of the ``task-succeeded`` event
 that Flower stores and shows. :class:`ToolCallRequest` replaces the event's result with
 :func:`result_summary`, and :class:`SucceededLineFilter` does the same for the log line.
+Celery would still compute the whole repr first, for each call: a tool task returns a
+:class:`ToolTaskResult`, whose repr for Celery is its status alone
+(:func:`short_result_repr`).
 A call that ended in an error result is a failed task
 (:mod:`tool_workers.contract.failed`): Flower shows its exception, a short line.
 """
@@ -55,9 +58,11 @@ __all__ = [
     "VALUE_CHARS",
     "SucceededLineFilter",
     "ToolCallRequest",
+    "ToolTaskResult",
     "args_summary",
     "quiet_celery_trace",
     "result_summary",
+    "short_result_repr",
 ]
 
 
@@ -97,6 +102,21 @@ def result_summary(result_repr: Any) -> str:
     """
     match = _STATUS.search(str(result_repr)[:200])
     return f"<{match.group(1) if match else 'result'}>"
+
+
+class ToolTaskResult(dict[str, Any]):
+    """What a tool task returns: its result's wire form, a plain dict to whatever reads
+    it (the result store, signal receivers, an eager call's caller)."""
+
+
+def _status_repr(result: ToolTaskResult) -> str:
+    return f"{{'status': {result.get('status')!r}}}"
+
+
+def short_result_repr() -> None:
+    """Have Celery's tracer write a tool task's result repr as its status alone, e.g.
+    ``{'status': 'success'}``: what :func:`result_summary` keeps of it."""
+    celery_compat.short_result_repr(ToolTaskResult, _status_repr)
 
 
 class ToolCallRequest(Request):  # type: ignore[misc]

@@ -13,6 +13,9 @@
   :mod:`tool_workers.celery_ext.event_loop`.
 * A task request's "ended by the worker" flags (``Request._already_cancelled`` and
   ``_already_revoked``), for the worker's metrics (:mod:`tool_workers.celery_ext.redaction`).
+* The tracer's ``saferepr`` (``celery.app.trace.saferepr``, the module's own name for
+  it, looked up at each call): :func:`short_result_repr` puts a shorter repr in front of
+  it for one kind of result.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery.app import amqp as celery_amqp
+from celery.app import trace as celery_trace
 from celery.concurrency import asynpool, prefork
 from celery.worker import heartbeat
 from celery.worker import request as celery_request
@@ -39,6 +43,7 @@ PINNED: dict[str, tuple[Any, str, tuple[str, ...]]] = {
     "AsynPool.on_hard_timeout": (asynpool.AsynPool, "on_hard_timeout", ()),
     "Request._already_cancelled": (celery_request.Request, "_already_cancelled", ()),
     "Request._already_revoked": (celery_request.Request, "_already_revoked", ()),
+    "trace.saferepr": (celery_trace, "saferepr", ("o", "maxlen")),
 }
 """Each private name: (owner, attribute, the leading parameters it must take). An
 attribute a class sets on its instances (not on the class) is pinned by its owner's
@@ -118,3 +123,24 @@ def intercept_hard_limit(pool: Any, hook: Callable[[Any, Callable[[Any], None]],
 def ended_by_worker(request: Any) -> bool:
     """Whether Celery task request ``request`` was cancelled or revoked by its worker."""
     return bool(request._already_cancelled or request._already_revoked)
+
+
+def short_result_repr(kind: type, short: Callable[[Any], str]) -> None:
+    """Have Celery's tracer write ``short(result)`` where it writes a task's result repr
+    (the pool's "succeeded" line and the ``task-succeeded`` event) for a result of type
+    ``kind`` exactly, and its own ``saferepr`` for any other. Celery computes that repr
+    for every task that succeeds, walking the whole result; installed once per kind."""
+    full = celery_trace.saferepr
+    shorts = getattr(full, "shorts", None)
+    if shorts is None:
+        shorts = {}
+
+        def saferepr(o: Any, maxlen: Any = None, *args: Any, **kwargs: Any) -> str:
+            given = shorts.get(type(o))
+            if given is not None:
+                return str(given(o))
+            return str(full(o, maxlen, *args, **kwargs))
+
+        saferepr.shorts = shorts  # type: ignore[attr-defined]
+        celery_trace.saferepr = saferepr
+    shorts[kind] = short

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from tool_workers.celery_ext.backend import reply_channel_of
 from tool_workers.celery_ext.fence import EarlyStart, take_early
+from tool_workers.celery_ext.redaction import ToolTaskResult, short_result_repr
 from tool_workers.contract.broker import RESTORE_INTERVAL, visibility_timeout
 from tool_workers.contract.epoch import epoch_of
 from tool_workers.contract.failed import ToolCallFailed, failure_of
@@ -83,6 +84,7 @@ def register_tools(
     """Register a ``tools.<name>`` task for each tool; return their specs by name, each
     with its source from ``sources`` (none said if omitted)."""
     specs: dict[str, ToolSpec] = {}
+    short_result_repr()
     # A call's marker outlives its last start by the longest a redelivery can take.
     lifetime = int(visibility_timeout(policies, settings.redelivery_margin) + RESTORE_INTERVAL)
     for tool in tools:
@@ -137,20 +139,21 @@ def _register(
         # Celery logs it in one line, without a traceback, and never retries it.
         throws=(ToolCallFailed,),
         # Celery passes the result's repr from the pool process back for its log line
-        # and event, where only the status is shown: its start is enough.
+        # and event, where only the status is shown (a ToolTaskResult's repr is its
+        # status alone; should that ever not hold, its start is enough).
         resultrepr_maxsize=RESULT_REPR_CHARS,
         # This app's task, with this app's policy: not copied into other apps of the
         # process (Celery would give them the first app's options).
         shared=False,
     )
-    def run_tool(self: Task, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def run_tool(self: Task, *args: Any, **kwargs: Any) -> ToolTaskResult:
         result = answer(self, *args, **kwargs)
         if result.get("status") == "error":
             # Stored and published as the task's FAILURE, the result riding along
             # (tool_workers.contract.failed): the caller reads it as a success's. The
             # tool's own traceback is its cause: the traceback Flower shows.
             raise failure_of(result) from tool_traceback()
-        return result
+        return ToolTaskResult(result)
 
     def admit(task_id: str, raw: Any, epoch: str, worker: str) -> ToolRequest | dict[str, Any]:
         """The request of a delivery, or the answer (sealed) to one that must not run:
