@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 
 from orchestrator.backoff import Backoff
 from orchestrator.call import PreparedCall
@@ -59,6 +58,7 @@ from orchestrator.dispatch.envelope import (
 from orchestrator.dispatch.link import LinkHealth
 from orchestrator.dispatch.loop_redis import LoopClients
 from orchestrator.tracing import publishing
+from tool_workers.contract.connections import run_script_async
 from tool_workers.contract.errors import DispatchError, ResultTimeout, ToolfleetError
 from tool_workers.contract.marker import LUA_READ, marker_key
 from tool_workers.contract.settings import Settings
@@ -438,7 +438,7 @@ class Publisher:
         try:
             while True:
                 group, keys, args = pushes.send(replies)
-                push = functools.partial(_script_async, client, self._push, keys, args)
+                push = functools.partial(run_script_async, client, self._push, keys, args)
                 replies = await _retrying_async(push, _gives_up_at(group), self.link)
         except StopIteration as done:
             outcomes: dict[str, Outcome] = done.value
@@ -716,18 +716,6 @@ def _loop_time(monotonic: float) -> float:
     """The running loop's clock at the ``time.monotonic()`` instant ``monotonic``."""
     loop = asyncio.get_running_loop()
     return loop.time() + (monotonic - time.monotonic())
-
-
-async def _script_async(
-    client: aioredis.Redis, script: Any, keys: list[str], args: list[Any]
-) -> Any:
-    """Run a registered script through an async client: by its digest, loaded first
-    when the server does not know it (restarted, flushed)."""
-    try:
-        return await client.evalsha(script.sha, len(keys), *keys, *args)
-    except redis.exceptions.NoScriptError:
-        await client.script_load(script.script)
-        return await client.evalsha(script.sha, len(keys), *keys, *args)
 
 
 def _delay_or_raise(

@@ -21,7 +21,7 @@ from tool_workers.celery_ext.soft_limit import tool_window
 def pool_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """This process's SIGUSR1 handled as in a new prefork pool process (billiard's
     handler, not yet taken over: the takeover is noted once per process)."""
-    monkeypatch.setattr(soft_limit, "_installed_in", 0)
+    monkeypatch.setattr(soft_limit, "_looked_in", 0)
     previous = signal.signal(signal.SIGUSR1, soft_timeout_sighandler)
     yield
     signal.signal(signal.SIGUSR1, previous)
@@ -60,6 +60,25 @@ def test_outside_a_pool_process_the_signal_handler_is_left_alone() -> None:
             assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_process_that_is_not_a_pool_process_looks_for_the_handler_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given a solo worker's process (no billiard handler), its calls' windows ask for
+    the signal's handler once, not once per call."""
+    monkeypatch.setattr(soft_limit, "_looked_in", 0)
+    looked: list[int] = []
+    getsignal = signal.getsignal
+    monkeypatch.setattr(signal, "getsignal", lambda n: looked.append(n) or getsignal(n))
+    previous = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    try:
+        for _ in range(3):
+            with tool_window(0.1):
+                pass
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert looked == [signal.SIGUSR1]
 
 
 def test_a_pool_process_storing_a_finished_call_is_spared_by_the_hard_limit(

@@ -44,6 +44,7 @@ from kombu.utils.encoding import bytes_to_str
 from tool_workers.celery_ext import lease as leases
 from tool_workers.celery_ext.fence import holding_of, holding_token
 from tool_workers.contract import failed
+from tool_workers.contract.connections import run_script
 from tool_workers.contract.marker import LUA_READ, marker_key
 from tool_workers.contract.names import LATE_FIELD, REPLY_CHANNEL_MARK, late_key, tool_from_task
 from tool_workers.observability.metrics import active as active_metrics
@@ -205,7 +206,7 @@ class ToolfleetRedisBackend(RedisBackend):  # type: ignore[misc]
     def _run_store(
         self, task_id: str, keys: list[str], args: list[Any], state: str, request: Any
     ) -> Any:
-        stored, acked = self._script()(keys=keys, args=args)
+        stored, acked = run_script(self.client, self._script(), keys, args)
         if acked:
             leases.acknowledged_by_store(str(args[4]))
         if stored == -1:

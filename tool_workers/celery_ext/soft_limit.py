@@ -56,7 +56,8 @@ _current: _Window | None = None
 
 _SLOTS = 4096
 _phases: Any = None  # slot pid % _SLOTS: 2 * pid + finished; shared with the pool
-_installed_in = 0  # the process whose soft-limit handler is _handler (0: none yet)
+_looked_in = 0  # the process that looked for billiard's soft-limit handler (0: none yet)
+_installed = False  # whether it found one (and put _handler in its place)
 
 
 def share_phases() -> None:
@@ -102,21 +103,22 @@ def _handler(signum: int, frame: FrameType | None) -> None:
 
 
 def _install() -> bool:
-    """Take over billiard's soft-limit handler; whether this process has one (read once
-    per process: ``signal.getsignal`` costs more than the rest of a call's window)."""
-    global _installed_in
+    """Take over billiard's soft-limit handler; whether this process has one (looked for
+    once per process, found or not: ``signal.getsignal`` costs more than the rest of a
+    call's window, and billiard installs its handler as a pool process starts)."""
+    global _looked_in, _installed
     if _SIGNAL is None or threading.current_thread() is not threading.main_thread():
         return False
     pid = os.getpid()
-    if _installed_in == pid:
-        return True
+    if _looked_in == pid:
+        return _installed
     current = signal.getsignal(_SIGNAL)
-    if current is not _handler:
-        if not billiard_compat.is_soft_limit_handler(current):
-            return False  # not a prefork pool process: leave the process's signals alone
+    _installed = current is _handler or billiard_compat.is_soft_limit_handler(current)
+    if _installed and current is not _handler:
         signal.signal(_SIGNAL, _handler)
-    _installed_in = pid
-    return True
+    # Not a prefork pool process: its signals are left alone.
+    _looked_in = pid
+    return _installed
 
 
 @contextlib.contextmanager

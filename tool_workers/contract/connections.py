@@ -44,6 +44,8 @@ __all__ = [
     "mask_secrets",
     "redis_client",
     "redis_connection_kwargs",
+    "run_script",
+    "run_script_async",
     "socket_options",
     "ssl_options",
     "uses_tls",
@@ -276,3 +278,25 @@ class _BlockingSentinelPool(
 ):
     """The primary's connections, at most ``max_connections``; a caller that finds them
     all busy waits up to ``timeout`` (``BlockingConnectionPool``'s behaviour)."""
+
+
+def run_script(client: redis.Redis, script: Any, keys: list[Any], args: list[Any]) -> Any:
+    """Run registered script ``script`` (``client.register_script``) by its digest,
+    loaded first when the server does not know it (restarted, flushed). redis-py's own
+    call of a script checks what kind of client it has, with imports, on every call."""
+    try:
+        return client.evalsha(script.sha, len(keys), *keys, *args)
+    except redis.exceptions.NoScriptError:
+        client.script_load(script.script)
+        return client.evalsha(script.sha, len(keys), *keys, *args)
+
+
+async def run_script_async(
+    client: aioredis.Redis, script: Any, keys: list[Any], args: list[Any]
+) -> Any:
+    """:func:`run_script` through an async client."""
+    try:
+        return await client.evalsha(script.sha, len(keys), *keys, *args)
+    except redis.exceptions.NoScriptError:
+        await client.script_load(script.script)
+        return await client.evalsha(script.sha, len(keys), *keys, *args)

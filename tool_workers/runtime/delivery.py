@@ -32,6 +32,7 @@ from tool_workers.celery_ext.fence import (
     parse_start,
     start_args,
 )
+from tool_workers.contract.connections import run_script
 from tool_workers.contract.epoch import (
     EpochWatch,
     epoch_of,
@@ -211,7 +212,9 @@ def check_delivery(
     else:
         since = EPOCHS.generation
         keys, args = start_of(task.request, key_prefix, lifetime, worker, announce)
-        start = parse_start(_start_script(task.backend)(keys=keys, args=args))
+        start = parse_start(
+            run_script(task.backend.client, _start_script(task.backend), keys, args)
+        )
     unknown = _records_lost(task, key_prefix, start, since)
     # A retries header above the retries a worker scheduled was written by someone else.
     attempt = min(attempt, start.scheduled + 1)
