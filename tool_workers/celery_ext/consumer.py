@@ -67,6 +67,8 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
     """Celery's consumer, checking each message first and answering the ones it refuses."""
 
     _events_flush: Any = None
+    _hand_on: HandOn | None = None
+    _starters: dict[str, Any] = {}  # replaced as the handler is made, never changed
 
     def on_send_event_buffered(self) -> None:
         """Flush the buffered task events :data:`EVENTS_FLUSH` s after the first of them.
@@ -115,6 +117,10 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
         handle = super().create_task_handler(promise)
         connection_errors = tuple(self.connection_errors or ())
         signed = bool(self.app.conf.get("toolfleet_signed"))
+        # Read once: set as the worker is set up, before its consumer starts (Celery's
+        # configuration costs microseconds a lookup).
+        self._hand_on = self.app.conf.get("toolfleet_hand_on")
+        self._starters = self.app.conf.get("toolfleet_early_starts") or {}
 
         def on_task_received(message: Any) -> None:
             refusal = check_message(message)
@@ -184,8 +190,7 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
             return None
         headers = message.headers  # a dict: check_message refused any other
         name, task_id = headers.get("task"), headers.get("id")
-        starters = self.app.conf.get("toolfleet_early_starts") or {}
-        starter: Any = starters.get(name) if isinstance(name, str) else None
+        starter: Any = self._starters.get(name) if isinstance(name, str) else None
         task = self.app.tasks.get(name) if starter is not None else None
         if (
             task is None
@@ -212,7 +217,7 @@ class ToolfleetConsumer(Consumer):  # type: ignore[misc]
     def _handed_on(self, message: Any) -> bool:
         """Hand on (or answer) a call this worker does not serve at the version asked
         (:mod:`tool_workers.celery_ext.hand_on`); ``False``: it runs here."""
-        hand_on: HandOn | None = self.app.conf.get("toolfleet_hand_on")
+        hand_on: HandOn | None = self._hand_on
         if hand_on is None:
             return False
         headers = message.headers
