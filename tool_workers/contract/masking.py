@@ -51,10 +51,15 @@ _UNTIL_AT = re.compile(r"[^@\s]+")
 _BEARER = re.compile(r"(\bBearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
 
 
+def _masked_bearer(match: re.Match[str]) -> str:
+    # A function, not a "\g<1>" template: re looks a template up on every call.
+    return match.group(1) + MASK
+
+
 def mask_text(text: str) -> str:
     """``text`` with URL passwords (:func:`mask_secrets`) and bearer tokens masked: what a
     log line or an error message goes through before it is written."""
-    return _BEARER.sub(rf"\g<1>{MASK}", mask_secrets(text))
+    return _BEARER.sub(_masked_bearer, mask_secrets(text))
 
 
 def mask_value(value: Any, name: str = "") -> Any:
@@ -116,6 +121,8 @@ def mask_secrets(text: str) -> str:
     one-regex form of this (scheme, user and password in one pattern) rescans a long
     word from each of its characters.
     """
+    if "@" not in text:  # no password without the "@" that ends it
+        return text
     out: list[str] = []
     done = 0
     for run in _UNTIL_AT.finditer(text):
