@@ -145,12 +145,42 @@ def test_the_request_shows_the_calls_arguments_masked_in_events_and_inspect_repl
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The task-received event and the log carry ``argsrepr``; inspect replies ``args``."""
+    request = login_request(monkeypatch, Eventer(groups=None))  # task events on (-E)
+
+    assert request.argsrepr == "(user='ann', password='***')"
+    assert request.info() == {"args": "(user='ann', password='***')", "kwargs": "k"}
+
+
+class Eventer:
+    """A worker's event dispatcher, as a request sees it."""
+
+    def __init__(self, groups: set[str] | None) -> None:
+        self.enabled = True
+        self.groups = groups
+
+
+def login_request(monkeypatch: pytest.MonkeyPatch, eventer: Eventer) -> ToolCallRequest:
     request = ToolCallRequest.__new__(ToolCallRequest)
+    request.eventer = eventer
     body = [{"tool": "login", "args": {"user": "ann", "password": "pw"}}]
     monkeypatch.setattr(Request, "args", property(lambda self: body))
     monkeypatch.setattr(
         Request, "info", lambda self, safe=False: {"args": body if not safe else "", "kwargs": "k"}
     )
+    return request
 
+
+def test_the_arguments_are_summed_up_only_where_celery_will_show_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given a worker whose events are its heartbeats alone and whose log skips the
+    "Received task" line, Celery still asks every delivery for its arguments' summary
+    (for a task-received event its dispatcher then drops): it gets none. Once task events
+    are on (Flower's enable_events adds them), it gets the summary; inspect always does."""
+    eventer = Eventer(groups={"worker"})
+    request = login_request(monkeypatch, eventer)
+
+    assert request.argsrepr == ""
+    assert request.info()["args"] == "(user='ann', password='***')"
+    eventer.groups.add("task")
     assert request.argsrepr == "(user='ann', password='***')"
-    assert request.info() == {"args": "(user='ann', password='***')", "kwargs": "k"}

@@ -44,6 +44,9 @@ from tool_workers.observability import metrics
 
 _STATUS = re.compile(r"'status': '(\w+)'")
 
+_RECEIVED_LOG = logging.getLogger("celery.worker.strategy")
+"""Where Celery writes its "Received task" line (at INFO)."""
+
 ARGS_CHARS = 40
 """Characters of a call's arguments Flower's args column and the worker log show (the
 Tasks page's default columns fit a 1,600 px screen with it)."""
@@ -131,6 +134,20 @@ class ToolCallRequest(Request):  # type: ignore[misc]
 
     @property
     def argsrepr(self) -> str:
+        """The call's arguments, masked and cut (:func:`args_summary`), for Celery's
+        "Received task" line and ``task-received`` event; ``""`` when neither goes out
+        (Celery's strategy asks on every delivery, and a worker's dispatcher is on for
+        its heartbeats even when it drops task events)."""
+        eventer = getattr(self, "eventer", None)
+        if (
+            eventer is not None
+            and eventer.enabled
+            and (not eventer.groups or "task" in eventer.groups)
+        ) or _RECEIVED_LOG.isEnabledFor(logging.INFO):
+            return self.shown_args()
+        return ""
+
+    def shown_args(self) -> str:
         """The call's arguments, masked and cut (:func:`args_summary`)."""
         if self._shown_args is None:
             body = self.args
@@ -143,7 +160,7 @@ class ToolCallRequest(Request):  # type: ignore[misc]
     def info(self, safe: bool = False) -> dict[str, Any]:
         # What inspect replies carry: the summaries whoever asks.
         info = dict(super().info(safe=True))
-        info["args"] = self.argsrepr
+        info["args"] = self.shown_args()
         return info
 
     def on_failure(
