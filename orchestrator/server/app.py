@@ -421,7 +421,7 @@ def serve(
         # to another replica) and the runs still going are handed on.
         timeout_graceful_shutdown=math.ceil(settings.drain_seconds),
     )
-    server = DrainingServer(config, drain)
+    server = DrainingServer(config, drain, connections)
     with listening:
         try:
             server.run(sockets=[listening])
@@ -434,16 +434,30 @@ def serve(
 
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, whose SIGTERM (or SIGINT) also begins the replica's drain: it
-    takes no more runs and no more takeovers from then on."""
+    takes no more runs and no more takeovers from then on. Its shutdown stops listening,
+    answers the requests already on their way on connections it accepted, and lets the
+    streams and waits open on it go on for what is left of the drain time."""
 
-    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+    def __init__(self, config: uvicorn.Config, drain: Drain, connections: ConnectionGuard) -> None:
         super().__init__(config)
         self.drain = drain
+        self.connections = connections
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         """Begin the drain, then uvicorn's own shutdown."""
         self.drain.begin()
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Stop listening (a new connection is refused: a load balancer sends it to
+        another replica), let the requests of connections accepted before come in, then
+        uvicorn's shutdown, its grace what is left of the drain time."""
+        for server in self.servers:
+            server.close()
+        limits = self.connections.limits
+        await self.connections.first_requests(min(limits.header_timeout, self.drain.left()))
+        self.config.timeout_graceful_shutdown = math.ceil(self.drain.left())
+        await super().shutdown(sockets)
 
 
 class StartupFailure:

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import resource
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -39,6 +40,9 @@ log = logging.getLogger("toolfleet.server")
 MAX_HEAD_BYTES = 65_536
 """Largest request head (request line and headers) read before a 431; the app's own
 limits (:mod:`orchestrator.server.guard`) are well below it."""
+
+FIRST_REQUEST_POLL = 0.02
+"""Seconds between looks, as a replica stops, for connections still without a request."""
 
 RESERVED_FILES = 100
 """Open files kept for the process's own use beyond its Redis and database pools."""
@@ -133,6 +137,16 @@ class ConnectionGuard:
         """The connection is gone (or going)."""
         self._open.discard(connection)
         self._waiting.pop(connection, None)
+
+    async def first_requests(self, timeout: float) -> None:
+        """Wait, at most ``timeout`` seconds, until no connection is waiting for its first
+        request head: for a replica that stopped listening, as uvicorn's shutdown closes
+        a connection with no request, and a request a load balancer sent just before
+        (on a connection accepted, its head still on its way) would be cut unanswered.
+        Each such head ends within the head timeout anyway (408 then)."""
+        deadline = time.monotonic() + timeout
+        while any(c.heads == 0 for c in self._waiting) and time.monotonic() < deadline:
+            await asyncio.sleep(FIRST_REQUEST_POLL)
 
     def protocol_factory(self, inner: Callable[..., asyncio.Protocol]) -> type[GuardedConnection]:
         """A protocol class for ``uvicorn.Config(http=...)``: each connection is

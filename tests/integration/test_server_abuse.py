@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import resource
+import signal
 import socket
 import time
 import uuid
@@ -26,7 +27,7 @@ import redis.asyncio as aioredis
 from orchestrator.server.keys import Keys
 from orchestrator.server.records import RunRecord, now_iso
 from orchestrator.server.store import Store
-from tests.support.fleet import fleet_settings
+from tests.support.fleet import fleet_settings, wait_until
 from tests.support.serving import TEST_MODEL, ServerProcess
 
 pytestmark = pytest.mark.timeout(180)
@@ -412,3 +413,53 @@ def test_a_page_of_runs_costs_the_page_not_the_thread_history(
     for surface, by_count in costs.items():
         assert by_count[HISTORY] == by_count[60], (surface, costs)
         assert by_count[HISTORY] <= 16, (surface, costs)
+
+
+def test_a_request_on_a_connection_accepted_before_the_stop_is_answered(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Given two connections a replica accepted, one with no request yet and one with half
+    a request head (a load balancer's, sent just before the replica was told to go), when
+    the replica gets SIGTERM and stops listening, then the request each then carries is
+    answered before the connection is closed, not cut unanswered; and the replica exits
+    by itself well within its drain time."""
+    workdir = tmp_path_factory.mktemp("stop")
+    settings = fleet_settings(redis_url, workdir).model_copy(
+        update={
+            "api_tokens": (f"tft-token-{uuid.uuid4().hex}",),
+            "model": TEST_MODEL,
+            "checkpoint_path": workdir / "stop.sqlite",
+            "drain_seconds": 20.0,
+        }
+    )
+    process = ServerProcess(settings, workdir, workdir / "stop.log").start()
+    fresh = connect(process)
+    half = connect(process)
+    try:
+        half.sendall(b"GET /ok HTTP/1.1\r\n")
+        # Answered on a third connection, made after the two: they were accepted before.
+        assert httpx.get(f"{process.url}/ok", timeout=10).status_code == 200
+        proc = process._proc
+        assert proc is not None
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+
+        def refused() -> bool:
+            try:
+                connect(process).close()
+            except ConnectionRefusedError:
+                return True
+            return False
+
+        wait_until(refused, timeout=10)
+        fresh.sendall(b"GET /ok HTTP/1.1\r\nHost: replica\r\n\r\n")
+        half.sendall(b"Host: replica\r\n\r\n")
+        for sock in (fresh, half):
+            said = answer(sock, 10)  # to the end: the replica closes the connection
+            assert said.startswith(b"HTTP/1.1 200 "), said[:200]
+        assert proc.wait(15) in (0, -signal.SIGTERM)  # uvicorn ends on the signal it got
+        assert time.monotonic() - t0 < settings.drain_seconds
+    finally:
+        fresh.close()
+        half.close()
+        process.stop()
