@@ -417,9 +417,6 @@ def serve(
         # httptools, as the guard in front of it parses with (the same requests for both).
         http=connections.protocol_factory(HttpToolsProtocol),
         log_config=None,  # configure_logging's handler and format
-        # Open streams may last the drain time; then they are cut (their clients reconnect
-        # to another replica) and the runs still going are handed on.
-        timeout_graceful_shutdown=math.ceil(settings.drain_seconds),
     )
     server = DrainingServer(config, drain, connections)
     with listening:
@@ -456,6 +453,8 @@ class DrainingServer(uvicorn.Server):
             server.close()
         limits = self.connections.limits
         await self.connections.first_requests(min(limits.header_timeout, self.drain.left()))
+        # Open streams may last the drain time; then they are cut (their clients reconnect
+        # to another replica) and the runs still going are handed on.
         self.config.timeout_graceful_shutdown = math.ceil(self.drain.left())
         await super().shutdown(sockets)
 
