@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,8 +33,8 @@ from orchestrator.dispatch.watch import StateCallback
 log = logging.getLogger("toolfleet.orchestrator")
 
 ABANDON_AFTER = 2.0
-"""Seconds with no hook of a fan-out running after which its unclaimed early calls are
-revoked: their hooks will not come."""
+"""Seconds in which no hook of a fan-out started or ended, after which its unclaimed
+early calls are revoked: their hooks will not come."""
 
 GROUPS = 1024
 """Fan-outs remembered (a fan-out is led once, and a resumed one is not led again)."""
@@ -59,6 +60,8 @@ class _Group:
     """Early calls by call id, their hooks not come yet."""
     running: int = 0
     """Hooks of this fan-out running now."""
+    last: float = 0.0
+    """When a hook of this fan-out last started or ended (``time.monotonic()``)."""
     led: bool = False
     armed: bool = False
 
@@ -100,6 +103,7 @@ class Ahead:
             group = self._group(scope)
             group.arrived.add(call_id)
             group.running += 1
+            group.last = time.monotonic()
             return Ticket(scope, group.unclaimed.pop(call_id, None))
 
     def leave(self, ticket: Ticket) -> None:
@@ -114,6 +118,7 @@ class Ahead:
             group = self._groups.get(ticket.scope)
             if group is not None:
                 group.running -= 1
+                group.last = time.monotonic()
                 arm = group.running == 0 and bool(group.unclaimed) and not group.armed
                 group.armed = group.armed or arm
             else:
@@ -121,9 +126,7 @@ class Ahead:
         if early is not None and not ticket.used:
             self._revoke([early])
         if arm:
-            timer = threading.Timer(self._abandon_after, self._abandon, (ticket.scope,))
-            timer.daemon = True
-            timer.start()
+            self._arm(ticket.scope, self._abandon_after)
 
     def lead(self, scope: str | None) -> bool:
         """Whether the caller is the first hook of ``scope`` to ask (it publishes ahead)."""
@@ -220,13 +223,27 @@ class Ahead:
                 if group is not None:
                     group.unclaimed.pop(early.call.call_id, None)
 
+    def _arm(self, scope: str, delay: float) -> None:
+        timer = threading.Timer(delay, self._abandon, (scope,))
+        timer.daemon = True
+        timer.start()
+
     def _abandon(self, scope: str) -> None:
+        """Revoke the fan-out's unclaimed calls if no hook of it started or ended for
+        the whole abandonment time (hooks that each return at once leave none running
+        between them, again and again, while the fan-out goes on); else look again when
+        that time has passed since the last one."""
         with self._lock:
             group = self._groups.get(scope)
             if group is None:
                 return
             group.armed = False
             if group.running > 0 or not group.unclaimed:
+                return  # the hook running now arms it again as it leaves
+            quiet = time.monotonic() - group.last
+            if quiet < self._abandon_after:
+                group.armed = True
+                self._arm(scope, self._abandon_after - quiet)
                 return
             left = list(group.unclaimed.values())
             group.unclaimed.clear()

@@ -22,6 +22,7 @@ from langchain_core.tools import BaseTool, tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
+from orchestrator.call import PreparedCall
 from orchestrator.dispatch import ahead
 from orchestrator.dispatch.in_process import InProcessDispatcher
 from orchestrator.middleware import SYNC_POOL, CeleryToolMiddleware
@@ -267,3 +268,55 @@ def test_given_a_sibling_fails_the_run_then_calls_whose_hooks_never_came_are_rev
         time.sleep(0.05)
     assert dispatcher.cancelled, "the calls published ahead were left running"
     assert len(dispatcher.published) == WIDTH and set(dispatcher.published.values()) == {1}
+
+
+class Recorder:
+    """A dispatcher stand-in for :class:`ahead.Ahead`: what it published and revoked."""
+
+    timings = None
+
+    def __init__(self) -> None:
+        self.submitted: list[str] = []
+        self.cancelled: list[str] = []
+        self.lock = threading.Lock()
+
+    def submit(self, calls: Any, on_state: Any = None) -> None:
+        with self.lock:
+            self.submitted += [c.call_id for c in calls]
+
+    def cancel(self, calls: Any, terminate: bool = True) -> None:
+        with self.lock:
+            self.cancelled += [c.call_id for c in calls]
+
+
+def test_given_hooks_that_keep_coming_one_at_a_time_then_no_early_call_is_abandoned() -> None:
+    # A sync fan-out wider than LangGraph's pool: each hook finds its result already in
+    # and returns at once, so between two hooks none is running, again and again. The
+    # fan-out is alive as long as hooks keep coming: only a fan-out with no hook for the
+    # whole abandonment time gives up its unclaimed calls.
+    abandon_after, gap, width = 0.6, 0.1, 12
+    recorder = Recorder()
+    fan_out = ahead.Ahead(recorder, abandon_after=abandon_after)  # type: ignore[arg-type]
+    calls = [
+        PreparedCall(tool="fetch", call_id=f"call_{i}", args={"i": i}, task_id=f"task_{i}")
+        for i in range(width)
+    ]
+    assert fan_out.lead("scope")
+    assert fan_out.publish("scope", calls) == width
+
+    claimed = []
+    for call in calls[:-1]:  # hooks one after another, none running in between
+        ticket = fan_out.enter("scope", call.call_id)
+        claimed.append(fan_out.attach(ticket, lambda *_: None))
+        fan_out.leave(ticket)
+        time.sleep(gap)
+
+    # Every hook found its call published ahead, and nothing was revoked meanwhile
+    # (width x gap is twice the abandonment time).
+    assert claimed == [True] * (width - 1)
+    assert recorder.cancelled == []
+    # The last call's hook never comes: it is revoked once no hook came for that long.
+    deadline = time.monotonic() + 10
+    while not recorder.cancelled and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert recorder.cancelled == [calls[-1].call_id]
