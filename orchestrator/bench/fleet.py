@@ -139,6 +139,16 @@ class BenchFleet:
             if worker in self.workers:
                 self.workers.remove(worker)
 
+    def stop_runs(self) -> None:
+        """End every run still going on this fleet's dispatchers (a scenario past its time
+        bound): they are closed, so a run waiting on one ends with a cancellation, and
+        forgotten; :meth:`dispatcher` makes new ones."""
+        if self.dispatchers:
+            from orchestrator.dispatch.fleet import close_all
+
+            close_all()
+        self.dispatchers.clear()
+
     def close(self) -> None:
         """Stop every worker and the server this fleet started; drop the run's keys.
 
@@ -147,11 +157,7 @@ class BenchFleet:
         command waiting, and whatever they leave on a shared server is under the run's
         namespace, whose keys are dropped here.
         """
-        if self.dispatchers:
-            from orchestrator.dispatch.fleet import close_all
-
-            close_all()
-        self.dispatchers.clear()
+        self.stop_runs()
         self.stop_workers([*self.workers, *self.others], grace=0)
         self.others.clear()
         if self.server is not None:

@@ -73,15 +73,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
-def bounded(fn: Callable[[], T], timeout: float, what: str) -> T:
+def bounded(
+    fn: Callable[[], T],
+    timeout: float,
+    what: str,
+    *,
+    stop: Callable[[], None] | None = None,
+    grace: float = 30.0,
+) -> T:
     """Run ``fn`` in a daemon thread and return its result within ``timeout`` seconds.
 
     A sync agent run cannot be interrupted from outside; a scenario that hangs (a worker
-    died, a result never came) is abandoned in its thread so the harness can still stop
-    what it started and report the others.
+    died, a result never came) is stopped with ``stop`` (which must make ``fn`` end: the
+    bench closes the dispatchers its runs use), so that it publishes nothing into the
+    scenarios after it, and waited for up to ``grace`` seconds more. Without ``stop``
+    it is left in its thread.
 
     Raises:
-        ScenarioTimeout: ``fn`` did not finish in time.
+        ScenarioTimeout: ``fn`` did not finish in time (the message says whether it
+            stopped).
     """
     outcome: dict[str, Any] = {}
 
@@ -95,7 +105,12 @@ def bounded(fn: Callable[[], T], timeout: float, what: str) -> T:
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        raise ScenarioTimeout(f"{what} did not finish within {timeout:g} s")
+        if stop is None:
+            raise ScenarioTimeout(f"{what} did not finish within {timeout:g} s")
+        stop()
+        thread.join(grace)
+        fate = "still running" if thread.is_alive() else "stopped"
+        raise ScenarioTimeout(f"{what} did not finish within {timeout:g} s ({fate})")
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]  # type: ignore[no-any-return]

@@ -36,7 +36,7 @@ from typing import Any
 from rich.console import Console
 
 from orchestrator.bench.fleet import BenchFleet, load_average, machine_info
-from orchestrator.bench.measure import SETTLE, bounded
+from orchestrator.bench.measure import SETTLE, ScenarioTimeout, bounded
 from orchestrator.bench.raw_worker import RawCeleryWorker, raw_worker_for
 from orchestrator.bench.scenarios import NOT_QUICK, SCENARIOS
 from orchestrator.cli.progress import cli_console, elapsed
@@ -273,7 +273,11 @@ def run_bench(
             console.print(f"scenario {name} ...")
             try:
                 with elapsed(console, f"scenario {name} running"):
-                    result = bounded(jobs[name], plan.bound, name)
+                    result = bounded(jobs[name], plan.bound, name, stop=fleet.stop_runs)
+            except ScenarioTimeout as exc:
+                result = {"error": f"{type(exc).__name__}: {exc}"}
+                # Its run was stopped by closing the dispatchers: the next get new ones.
+                dispatcher = fleet.dispatcher(main)
             except Exception as exc:
                 result = {"error": f"{type(exc).__name__}: {exc}"}
             result["elapsed"] = time.perf_counter() - t0

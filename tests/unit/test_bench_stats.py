@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from orchestrator.bench.measure import added_latency, summarise
+import threading
+import time
+
+import pytest
+
+from orchestrator.bench.measure import ScenarioTimeout, added_latency, bounded, summarise
 
 
 def test_added_latency_p99_is_never_below_its_median() -> None:
@@ -18,3 +23,28 @@ def test_added_latency_p99_is_never_below_its_median() -> None:
     assert added["p99"] >= added["median"]
     assert added["count"] == 4
     assert summarise(with_it)["p99"] - summarise(without)["p99"] < added["median"]
+
+
+def test_given_a_scenario_past_its_bound_then_its_run_is_stopped_before_the_next_starts() -> None:
+    """Given a scenario whose run outlives its time bound, when the bound passes, then
+    the harness stops that run (a run left going in its thread kept publishing calls
+    into the next scenarios' measurements) and says so in the timeout."""
+    stopped = threading.Event()
+    calls = 0
+
+    def run() -> None:
+        nonlocal calls
+        while not stopped.is_set():
+            calls += 1  # a call published
+            stopped.wait(0.01)
+        raise RuntimeError("cancelled")  # what a stopped dispatcher makes a run raise
+
+    threads_before = set(threading.enumerate())
+    with pytest.raises(ScenarioTimeout, match="stopped"):
+        bounded(run, 0.2, "fanout", stop=stopped.set)
+
+    assert stopped.is_set()
+    assert not [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+    published = calls
+    time.sleep(0.1)
+    assert calls == published
