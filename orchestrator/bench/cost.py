@@ -89,6 +89,14 @@ WORKER_GROUPS = {
     DIY: "raw_workers",
 }
 """Whose workers ran each contender's calls (their CPU is the contender's)."""
+MAIN_GROUPS = {
+    "celery_raw": "raw_main",
+    "toolfleet_async": "toolfleet_main",
+    "toolfleet_sync": "toolfleet_main",
+    DIY: "raw_main",
+}
+"""The main processes (consumers) of those workers: their pool processes' CPU is what
+the workers' leaves over."""
 
 ECHO_TEXT = "hi"
 NOOP_ANSWER = {"text": ECHO_TEXT}
@@ -169,8 +177,10 @@ class Usage:
         )
 
 
-def per_call(usage: Usage, workers: str) -> dict[str, Any]:
-    """A contender's usage per call; ``workers`` names the CPU group of its workers.
+def per_call(usage: Usage, workers: str, main: str | None = None) -> dict[str, Any]:
+    """A contender's usage per call; ``workers`` names the CPU group of its workers, and
+    ``main`` that of their main processes (then the workers' CPU is also given split into
+    the main processes' and the pool processes').
 
     Raises:
         ValueError: the usage has no calls.
@@ -186,6 +196,13 @@ def per_call(usage: Usage, workers: str) -> dict[str, Any]:
     cpu_ms["total"] = sum(cpu_ms.values())
     # /proc counts CPU in ticks (10 ms): more digits would be noise from the division.
     cpu_ms = {part: round(value, 4) for part, value in cpu_ms.items()}
+    split: dict[str, Any] = {}
+    if main is not None and main in usage.cpu:
+        main_ms = round(usage.cpu[main] * 1000 / calls, 4)
+        split["worker_processes_ms_per_call"] = {
+            "main": main_ms,
+            "pool": round(max(cpu_ms["workers"] - main_ms, 0.0), 4),
+        }
     return {
         "calls": calls,
         "seconds": usage.seconds,
@@ -194,6 +211,7 @@ def per_call(usage: Usage, workers: str) -> dict[str, Any]:
         "commands_by_name_per_call": per_unit(usage.commands, calls),
         "bytes_per_call": usage.net_bytes / calls,
         "cpu_ms_per_call": cpu_ms,
+        **split,
     }
 
 
@@ -522,7 +540,12 @@ def run_cost(
 
         meter = Meter(
             url,
-            {"toolfleet_workers": toolfleet_pids, "raw_workers": raw_worker.pids},
+            {
+                "toolfleet_workers": toolfleet_pids,
+                "toolfleet_main": lambda: [w.pid for w in toolfleet_workers],
+                "raw_workers": raw_worker.pids,
+                "raw_main": lambda: [raw_worker.pid],
+            },
             lambda: fleet.cpu_times()["server"],
         )
 
@@ -589,7 +612,7 @@ def run_cost(
         fleet.stop_workers(own_workers)
     numbers = {
         window: {
-            **per_call(usage[window], WORKER_GROUPS[window[0]]),
+            **per_call(usage[window], WORKER_GROUPS[window[0]], MAIN_GROUPS[window[0]]),
             "calls_per_second_by_round": per_round[window],
         }
         for window in plan

@@ -187,8 +187,9 @@ KNOWN_FLOORS = {
     "CPU all of them spend per call bounds calls per second; both run the same LangGraph "
     "agent loop per call, and toolfleet's workers also run LangChain's BaseTool.invoke and "
     "a fenced start and result script per call, which a bare Celery task does not",
-    "g.workers_cpu": "toolfleet's workers run LangChain's BaseTool.invoke and a fenced start "
-    "and result script per call; a bare Celery task runs a function",
+    "g.workers_cpu": "a toolfleet worker's main process admits each call and records it with "
+    "its fenced start, and its pool process runs LangChain's BaseTool.invoke and the fenced "
+    "result script; a bare Celery task runs a function",
 }
 """What bounds a target from below, as measured (``bench/README.md``), by id prefix."""
 
@@ -280,7 +281,18 @@ def cost_facts(report: dict[str, Any], tid: str) -> str:
             return ""
         mine = contenders["toolfleet_async"]["cpu_ms_per_call"]["workers"]
         raw = contenders["celery_raw"]["cpu_ms_per_call"]["workers"]
-        return f"worker CPU per call {mine:.2f} ms against a bare Celery worker's {raw:.2f} ms"
+        facts = f"worker CPU per call {mine:.2f} ms against a bare Celery worker's {raw:.2f} ms"
+        mine_split = contenders["toolfleet_async"].get("worker_processes_ms_per_call")
+        raw_split = contenders["celery_raw"].get("worker_processes_ms_per_call")
+        if mine_split and raw_split and raw_split["main"] > 0 and raw_split["pool"] > 0:
+            # A prefork pool: the main process admits, records and starts each call, a
+            # pool process runs it and stores its result.
+            facts += ": " + ", ".join(
+                f"{part} processes {mine_split[part]:.2f} ms / {raw_split[part]:.2f} ms "
+                f"({mine_split[part] / raw_split[part]:.2f} x)"
+                for part in ("main", "pool")
+            )
+        return facts
     return ""
 
 

@@ -119,6 +119,24 @@ def test_per_call_takes_the_contenders_own_workers() -> None:
         per_call(Usage(), "raw_workers")
 
 
+def test_per_call_splits_the_workers_cpu_between_main_and_pool_processes() -> None:
+    """Given a window with the CPU of a fleet's workers and of their main processes, when
+    normalised with the main processes' group, then the workers' CPU per call is split
+    into the main processes' and the pool processes' (what is left); without that group
+    there is no split."""
+    usage = Usage(
+        calls=1000,
+        seconds=2.0,
+        cpu={"orchestrator": 1.0, "raw_workers": 2.0, "raw_consumers": 1.5, "server": 0.25},
+    )
+
+    numbers = per_call(usage, "raw_workers", "raw_consumers")
+
+    assert numbers["cpu_ms_per_call"]["workers"] == 2.0
+    assert numbers["worker_processes_ms_per_call"] == {"main": 1.5, "pool": 0.5}
+    assert "worker_processes_ms_per_call" not in per_call(usage, "raw_workers")
+
+
 def test_per_second_of_an_idle_window() -> None:
     """Given two idle seconds, when normalised, then everything is per second."""
     usage = Usage(0, 2.0, {"brpop": 4, "evalsha": 6}, 8000, {"server": 0.01, "orchestrator": 0.0})
@@ -449,6 +467,16 @@ def test_workers_cpu_target_and_why() -> None:
     assert "worker CPU per call 1.90 ms against a bare Celery worker's 1.00 ms" in target["why"]
     assert "BaseTool.invoke" in target["why"] and "fenced start" in target["why"]
     assert why_missed("g.workers_cpu", {}).endswith("a bare Celery task runs a function")
+
+    assert "main processes" not in target["why"]  # not measured: not said
+
+    # Measured per kind of process: the why says where the difference is.
+    contenders = report["scenarios"]["cost"]["contenders"]
+    contenders["toolfleet_async"]["worker_processes_ms_per_call"] = {"main": 1.1, "pool": 0.8}
+    raw["worker_processes_ms_per_call"] = {"main": 0.6, "pool": 0.4}
+    why = {t["id"]: t for t in targets(report)}["g.workers_cpu"]["why"]
+    assert "main processes 1.10 ms / 0.60 ms (1.83 x)" in why, why
+    assert "pool processes 0.80 ms / 0.40 ms (2.00 x)" in why, why
 
     report["scenarios"]["cost"]["versus_raw"]["toolfleet_async"]["cpu_ratio"]["workers"] = 1.1
     assert {t["id"]: t for t in targets(report)}["g.workers_cpu"]["pass"]
