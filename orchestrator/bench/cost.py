@@ -66,6 +66,7 @@ from orchestrator.bench.agents import (
     Runner,
     check_results,
     fleet_agent,
+    local_agent,
     tool_messages,
     turns_model,
 )
@@ -76,7 +77,10 @@ from orchestrator.bench.raw_worker import RawCeleryWorker, raw_worker_for
 from orchestrator.local import WorkerProcess
 from tool_workers.contract.settings import Settings
 
-CONTENDERS = ("celery_raw", "toolfleet_async", "toolfleet_sync")
+AGENT_LOOP = "agent_loop"
+"""The same agent with its tools local (a ``ToolNode``): the agent loop alone, which
+toolfleet's runs and raw Celery's calls together are measured against."""
+CONTENDERS = ("celery_raw", "toolfleet_async", "toolfleet_sync", AGENT_LOOP)
 """The contenders of ``contenders`` in the report, measured at K (``runs``) only."""
 DIY = "diy_agent"
 LEVEL_CONTENDERS = ("toolfleet_async", DIY)
@@ -87,13 +91,16 @@ WORKER_GROUPS = {
     "toolfleet_async": "toolfleet_workers",
     "toolfleet_sync": "toolfleet_workers",
     DIY: "raw_workers",
+    AGENT_LOOP: "",
 }
-"""Whose workers ran each contender's calls (their CPU is the contender's)."""
+"""Whose workers ran each contender's calls (their CPU is the contender's; the agent
+loop alone has none)."""
 MAIN_GROUPS = {
     "celery_raw": "raw_main",
     "toolfleet_async": "toolfleet_main",
     "toolfleet_sync": "toolfleet_main",
     DIY: "raw_main",
+    AGENT_LOOP: "",
 }
 """The main processes (consumers) of those workers: their pool processes' CPU is what
 the workers' leaves over."""
@@ -555,6 +562,7 @@ def run_cost(
             """Each window's work: its runs, concurrent, of ``run_turns`` turns; each
             returns the calls it completed (all of them, or it raises)."""
             agent = fleet_agent(turns_model(calls, run_turns), dispatcher)
+            local = local_agent(turns_model(calls, run_turns))
             diy = diy_agent(turns_model(calls, run_turns), diy_tool)
             expected = run_turns * width
 
@@ -571,6 +579,11 @@ def run_cost(
                 gang.run(lambda: check_results(agent.invoke(PAYLOAD, sync_config), expected))
                 return k * expected
 
+            def agent_loop(k: int) -> int:
+                for state in runner.gather([local] * k, timeout=WINDOW_TIMEOUT):
+                    check_results(state, expected)
+                return k * expected
+
             def diy_async(k: int) -> int:
                 for state in runner.gather([diy] * k, timeout=WINDOW_TIMEOUT):
                     check_answers(state, expected, NOOP_ANSWER)
@@ -580,6 +593,7 @@ def run_cost(
                 "celery_raw": raw,
                 "toolfleet_async": toolfleet_async,
                 "toolfleet_sync": toolfleet_sync,
+                AGENT_LOOP: agent_loop,
                 DIY: diy_async,
             }
             return {(name, k): functools.partial(work[name], k) for name, k in plan}

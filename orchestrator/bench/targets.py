@@ -275,6 +275,18 @@ def cost_facts(report: dict[str, Any], tid: str) -> str:
                 f"{rate:.0f}"
             )
         return facts
+    if tid == "g.cpu_total":
+        contenders = cost.get("contenders", {})
+        if not {"toolfleet_async", "agent_loop", "celery_raw"} <= set(contenders):
+            return ""
+        mine, alone, raw = (
+            contenders[name]["cpu_ms_per_call"]["total"]
+            for name in ("toolfleet_async", "agent_loop", "celery_raw")
+        )
+        return (
+            f"all processes {mine:.2f} ms per call against the agent loop's {alone:.2f} ms "
+            f"and bare Celery's {raw:.2f} ms"
+        )
     if tid == "g.workers_cpu":
         contenders = cost.get("contenders", {})
         if "toolfleet_async" not in contenders or "celery_raw" not in contenders:
@@ -303,6 +315,8 @@ COST_THROUGHPUT_RATIO = 0.9
 COST_DIY_RATIO = 1.5
 """Calls per second toolfleet's async runs make over a do-it-yourself agent's, same K."""
 COST_WORKERS_CPU_RATIO = 1.2
+COST_TOTAL_CPU_RATIO = 1.0
+"""All processes' CPU per call over the agent loop's alone plus bare Celery's."""
 
 
 def _cost_targets(cost: dict[str, Any]) -> list[dict[str, Any]]:
@@ -356,9 +370,24 @@ def _cost_targets(cost: dict[str, Any]) -> list[dict[str, Any]]:
                     "x",
                 )
             )
-    # No target of all processes' CPU per call over the agent loop's alone plus bare
-    # Celery's: this scenario does not measure the agent loop alone (the do-it-yourself
-    # agent's orchestrator CPU also holds a LangChain tool run and a thread pool's hop).
+    contenders = cost["contenders"]
+    if "agent_loop" in contenders:
+        # toolfleet's runs against the agent with its tools local plus bare Celery's calls:
+        # the tool runs once on each side (on toolfleet's workers; in the agent loop).
+        alone = contenders["agent_loop"]["cpu_ms_per_call"]["total"]
+        raw = contenders["celery_raw"]["cpu_ms_per_call"]["total"]
+        if alone + raw > 0:
+            out.append(
+                _target(
+                    "g.cpu_total",
+                    "CPU per call of all processes / the agent loop's alone + bare Celery's, "
+                    "ainvoke",
+                    contenders["toolfleet_async"]["cpu_ms_per_call"]["total"] / (alone + raw),
+                    "<=",
+                    COST_TOTAL_CPU_RATIO,
+                    "x",
+                )
+            )
     workers = cost["versus_raw"]["toolfleet_async"]["cpu_ratio"].get("workers")
     if workers is not None:
         out.append(

@@ -92,7 +92,12 @@ def test_plain_quick_runs_its_scenarios_on_one_fleet_quietly_and_says_why_a_targ
     for name, scenario in report["scenarios"].items():
         assert "error" not in scenario, (name, scenario)
     cost = report["scenarios"]["cost"]
-    assert set(cost["contenders"]) == {"celery_raw", "toolfleet_async", "toolfleet_sync"}
+    assert set(cost["contenders"]) == {
+        "celery_raw",
+        "toolfleet_async",
+        "toolfleet_sync",
+        "agent_loop",
+    }
     assert all(cost["contenders"][c]["calls"] > 0 for c in cost["contenders"])
     assert report["scenarios"]["throughput"]["celery_raw"]["per_second"] > 0
     assert report["leaks"] == {"in_flight": 0, "pending": 0, "subscriptions": 0}
@@ -179,9 +184,18 @@ def test_quick_bench_writes_a_complete_report(tmp_path: Path) -> None:
     raw_trips = report["scenarios"]["links"]["celery_raw"]
     assert raw_trips["worker"].get("BRPOP") and raw_trips["worker_beyond_delivery"] > 0, raw_trips
     cost = report["scenarios"]["cost"]
-    assert set(cost["contenders"]) == {"celery_raw", "toolfleet_async", "toolfleet_sync"}
-    for numbers_of in cost["contenders"].values():
+    assert set(cost["contenders"]) == {
+        "celery_raw",
+        "toolfleet_async",
+        "toolfleet_sync",
+        "agent_loop",
+    }
+    for name, numbers_of in cost["contenders"].items():
         assert numbers_of["calls"] == cost["runs"] * cost["turns"] * cost["width"] * cost["rounds"]
+        if name == "agent_loop":  # its tools run locally: no workers, no calls on Redis
+            assert numbers_of["cpu_ms_per_call"]["workers"] == 0.0
+            assert numbers_of["cpu_ms_per_call"]["orchestrator"] > 0
+            continue
         assert numbers_of["commands_per_call"] > 0 and numbers_of["bytes_per_call"] > 0
         assert numbers_of["commands_by_name_per_call"]
     ids = {t["id"] for t in report["targets"]}
@@ -189,6 +203,7 @@ def test_quick_bench_writes_a_complete_report(tmp_path: Path) -> None:
     assert {"f.rt0", "f.rt20", "f.rt50"} <= ids
     kinds = ("commands", "bytes", "throughput")
     assert {f"g.{kind}.{mode}" for kind in kinds for mode in ("async", "sync")} <= ids
+    assert {"g.cpu_total", "g.workers_cpu"} <= ids
     assert all(isinstance(t["pass"], bool) for t in report["targets"])
     # A missed target says why; the run prints no warning lines.
     assert all(t["why"] for t in report["targets"] if not t["pass"])

@@ -13,6 +13,7 @@ from langchain_core.messages import HumanMessage, ToolMessage
 
 from orchestrator.bench.agents import PAYLOAD, RUN_CONFIG, turns_model
 from orchestrator.bench.cost import (
+    AGENT_LOOP,
     DIY,
     NOOP_ANSWER,
     Gang,
@@ -264,15 +265,16 @@ def test_windows_measure_two_levels_of_toolfleet_async_and_the_diy_agent() -> No
         ("celery_raw", 50),
         ("toolfleet_async", 50),
         ("toolfleet_sync", 50),
+        (AGENT_LOOP, 50),
         (DIY, 50),
         ("toolfleet_async", 10),
         (DIY, 10),
     ]
-    assert windows(50, 50) == windows(50, 0) == plan[:4]
+    assert windows(50, 50) == windows(50, 0) == plan[:5]
     assert rotated(plan, 0) == plan
-    assert rotated(plan, 2)[:2] == [("toolfleet_sync", 50), (DIY, 50)]
-    assert rotated(plan, 2)[-1] == ("toolfleet_async", 50)
-    assert rotated(plan, 7) == rotated(plan, 1)
+    assert rotated(plan, 3)[:2] == [(AGENT_LOOP, 50), (DIY, 50)]
+    assert rotated(plan, 3)[-1] == ("toolfleet_sync", 50)
+    assert rotated(plan, 8) == rotated(plan, 1)
 
 
 def _state(contents: list[str], status: str = "success") -> dict[str, Any]:
@@ -480,3 +482,34 @@ def test_workers_cpu_target_and_why() -> None:
 
     report["scenarios"]["cost"]["versus_raw"]["toolfleet_async"]["cpu_ratio"]["workers"] = 1.1
     assert {t["id"]: t for t in targets(report)}["g.workers_cpu"]["pass"]
+
+
+def test_all_processes_cpu_target_against_the_agent_loop_alone_plus_bare_celery() -> None:
+    """Given toolfleet's ainvoke runs at 3.0 ms of CPU per call over all processes, the
+    same agent with local tools (the agent loop alone) at 1.5 ms and bare Celery's calls
+    at 2.0 ms, then g.cpu_total (at most 1.0 x their sum) passes at 0.86 x; at 4.0 ms it
+    misses and says the three numbers; a report without the agent loop has no target."""
+    report = _cost_report(_cpu_numbers(400.0, 2.0, 0.75))
+    cost = report["scenarios"]["cost"]
+    raw = cost["contenders"]["celery_raw"]
+    raw["cpu_ms_per_call"] = {"orchestrator": 1.0, "workers": 0.75, "server": 0.25, "total": 2.0}
+    cost["contenders"][AGENT_LOOP] = _cpu_numbers(800.0, 1.25, 0.0)
+
+    target = {t["id"]: t for t in targets(report)}["g.cpu_total"]
+
+    assert target["pass"] and target["value"] == pytest.approx(3.0 / 3.5)
+    assert target["op"] == "<=" and target["limit"] == 1.0
+    assert target["what"] == (
+        "CPU per call of all processes / the agent loop's alone + bare Celery's, ainvoke"
+    )
+    report["targets"] = targets(report)
+    assert "| LangGraph agent loop alone (local ToolNode), ainvoke |" in markdown(report)
+
+    cost["contenders"]["toolfleet_async"] = _cpu_numbers(400.0, 3.0, 0.75)
+    missed = {t["id"]: t for t in targets(report)}["g.cpu_total"]
+    assert not missed["pass"] and missed["value"] == pytest.approx(4.0 / 3.5)
+    assert "all processes 4.00 ms per call against the agent loop's 1.50 ms" in missed["why"]
+    assert "and bare Celery's 2.00 ms" in missed["why"]
+
+    del cost["contenders"][AGENT_LOOP]
+    assert "g.cpu_total" not in {t["id"] for t in targets(report)}
