@@ -99,7 +99,11 @@ async def retried(attempt: Callable[[int], Awaitable[T]], *, within: float, what
             await asyncio.sleep(min(backoff.next(), until - now))
 
 
-def _cancel_pending() -> bool:
+def cancel_pending() -> bool:
+    """Whether the running task has been asked to stop. A loop that retries on Redis
+    errors checks it before retrying: redis-py may end a command cancelled mid-read with
+    a ``TimeoutError`` or ``ConnectionError`` of its own, and the loop would take the
+    cancellation for a lost connection and go on (and whoever awaits it, for ever)."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
 
@@ -139,7 +143,7 @@ async def subscribe_forever(
                 await pubsub.subscribe(channel)
                 while not stopping():
                     message = await pubsub.get_message(timeout=READ_TIMEOUT)
-                    if _cancel_pending():  # one the read turned into a timeout
+                    if cancel_pending():  # one the read turned into a timeout
                         raise asyncio.CancelledError
                     if message is None:
                         continue
