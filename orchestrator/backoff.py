@@ -108,6 +108,13 @@ def cancel_pending() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+def raise_if_cancelled(error: BaseException) -> None:
+    """Re-raise as the cancellation it is an ``error`` a Redis call ended with when the
+    running task was cancelled during it (:func:`cancel_pending`); else return."""
+    if cancel_pending():
+        raise asyncio.CancelledError from error
+
+
 READ_TIMEOUT = 1.0
 """Seconds one read waits for a message before the stop condition is checked again
 (redis-py may turn a cancellation inside a read into a timeout)."""

@@ -86,24 +86,16 @@ DIY = "diy_agent"
 LEVEL_CONTENDERS = ("toolfleet_async", DIY)
 """The contenders measured at each concurrency level (``levels`` in the report)."""
 CPU_PARTS = ("orchestrator", "workers", "server")
-WORKER_GROUPS = {
-    "celery_raw": "raw_workers",
-    "toolfleet_async": "toolfleet_workers",
-    "toolfleet_sync": "toolfleet_workers",
-    DIY: "raw_workers",
-    AGENT_LOOP: "",
+PROCESS_GROUPS = {
+    "celery_raw": ("raw_workers", "raw_main"),
+    "toolfleet_async": ("toolfleet_workers", "toolfleet_main"),
+    "toolfleet_sync": ("toolfleet_workers", "toolfleet_main"),
+    DIY: ("raw_workers", "raw_main"),
+    AGENT_LOOP: ("", ""),
 }
 """Whose workers ran each contender's calls (their CPU is the contender's; the agent
-loop alone has none)."""
-MAIN_GROUPS = {
-    "celery_raw": "raw_main",
-    "toolfleet_async": "toolfleet_main",
-    "toolfleet_sync": "toolfleet_main",
-    DIY: "raw_main",
-    AGENT_LOOP: "",
-}
-"""The main processes (consumers) of those workers: their pool processes' CPU is what
-the workers' leaves over."""
+loop alone has none), and those workers' main processes (their pool processes' CPU is
+what the workers' leaves over)."""
 
 ECHO_TEXT = "hi"
 NOOP_ANSWER = {"text": ECHO_TEXT}
@@ -626,7 +618,7 @@ def run_cost(
         fleet.stop_workers(own_workers)
     numbers = {
         window: {
-            **per_call(usage[window], WORKER_GROUPS[window[0]], MAIN_GROUPS[window[0]]),
+            **per_call(usage[window], *PROCESS_GROUPS[window[0]]),
             "calls_per_second_by_round": per_round[window],
         }
         for window in plan

@@ -78,7 +78,7 @@ def bounded(
     timeout: float,
     what: str,
     *,
-    stop: Callable[[], None] | None = None,
+    stop: Callable[[], None],
     grace: float = 30.0,
 ) -> T:
     """Run ``fn`` in a daemon thread and return its result within ``timeout`` seconds.
@@ -86,8 +86,7 @@ def bounded(
     A sync agent run cannot be interrupted from outside; a scenario that hangs (a worker
     died, a result never came) is stopped with ``stop`` (which must make ``fn`` end: the
     bench closes the dispatchers its runs use), so that it publishes nothing into the
-    scenarios after it, and waited for up to ``grace`` seconds more. Without ``stop``
-    it is left in its thread.
+    scenarios after it, and waited for up to ``grace`` seconds more.
 
     Raises:
         ScenarioTimeout: ``fn`` did not finish in time (the message says whether it
@@ -105,8 +104,6 @@ def bounded(
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        if stop is None:
-            raise ScenarioTimeout(f"{what} did not finish within {timeout:g} s")
         stop()
         thread.join(grace)
         fate = "still running" if thread.is_alive() else "stopped"

@@ -276,13 +276,10 @@ def cost_facts(report: dict[str, Any], tid: str) -> str:
             )
         return facts
     if tid == "g.cpu_total":
-        contenders = cost.get("contenders", {})
-        if not {"toolfleet_async", "agent_loop", "celery_raw"} <= set(contenders):
+        totals = _cpu_totals(cost.get("contenders", {}))
+        if totals is None:
             return ""
-        mine, alone, raw = (
-            contenders[name]["cpu_ms_per_call"]["total"]
-            for name in ("toolfleet_async", "agent_loop", "celery_raw")
-        )
+        mine, alone, raw = totals
         return (
             f"all processes {mine:.2f} ms per call against the agent loop's {alone:.2f} ms "
             f"and bare Celery's {raw:.2f} ms"
@@ -306,6 +303,16 @@ def cost_facts(report: dict[str, Any], tid: str) -> str:
             )
         return facts
     return ""
+
+
+def _cpu_totals(contenders: dict[str, Any]) -> tuple[float, float, float] | None:
+    """CPU per call of all processes: toolfleet's ``ainvoke`` runs, the agent loop alone
+    and bare Celery's calls (``None``: a report of before the agent loop was measured)."""
+    names = ("toolfleet_async", "agent_loop", "celery_raw")
+    if not set(names) <= set(contenders):
+        return None
+    mine, alone, raw = (contenders[name]["cpu_ms_per_call"]["total"] for name in names)
+    return mine, alone, raw
 
 
 COST_EXTRA_COMMANDS = 3.0
@@ -370,24 +377,21 @@ def _cost_targets(cost: dict[str, Any]) -> list[dict[str, Any]]:
                     "x",
                 )
             )
-    contenders = cost["contenders"]
-    if "agent_loop" in contenders:
+    totals = _cpu_totals(cost["contenders"])
+    if totals is not None and totals[1] + totals[2] > 0:
         # toolfleet's runs against the agent with its tools local plus bare Celery's calls:
         # the tool runs once on each side (on toolfleet's workers; in the agent loop).
-        alone = contenders["agent_loop"]["cpu_ms_per_call"]["total"]
-        raw = contenders["celery_raw"]["cpu_ms_per_call"]["total"]
-        if alone + raw > 0:
-            out.append(
-                _target(
-                    "g.cpu_total",
-                    "CPU per call of all processes / the agent loop's alone + bare Celery's, "
-                    "ainvoke",
-                    contenders["toolfleet_async"]["cpu_ms_per_call"]["total"] / (alone + raw),
-                    "<=",
-                    COST_TOTAL_CPU_RATIO,
-                    "x",
-                )
+        mine, alone, raw = totals
+        out.append(
+            _target(
+                "g.cpu_total",
+                "CPU per call of all processes / the agent loop's alone + bare Celery's, ainvoke",
+                mine / (alone + raw),
+                "<=",
+                COST_TOTAL_CPU_RATIO,
+                "x",
             )
+        )
     workers = cost["versus_raw"]["toolfleet_async"]["cpu_ratio"].get("workers")
     if workers is not None:
         out.append(

@@ -29,7 +29,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from orchestrator.backoff import cancel_pending, subscribe_forever
+from orchestrator.backoff import raise_if_cancelled, subscribe_forever
 from orchestrator.dispatch.late import LATE_OPENING
 from orchestrator.dispatch.link import LinkHealth
 from orchestrator.dispatch.watch import StateCallback, WatchTable
@@ -239,8 +239,7 @@ class ResultListener:
         try:
             values = await self._client.mget([self._key_for_task(t) for t in wanted])
         except (RedisError, OSError) as exc:  # the sweep reads them again
-            if cancel_pending():  # a cancellation the call turned into an error
-                raise asyncio.CancelledError from exc
+            raise_if_cancelled(exc)
             log.warning("result %s read failed (%r)", why, exc)
             self.link.failed(exc, tried)
             return

@@ -18,7 +18,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from orchestrator.backoff import cancel_pending, subscribe_forever
+from orchestrator.backoff import raise_if_cancelled, subscribe_forever
 from orchestrator.server.keys import Keys
 
 log = logging.getLogger("toolfleet.server")
@@ -86,8 +86,7 @@ class ReplicaControl:
             try:
                 await self._announce()
             except (RedisError, OSError) as exc:
-                if cancel_pending():  # a cancellation the call turned into an error
-                    raise asyncio.CancelledError from exc
+                raise_if_cancelled(exc)
                 log.warning("could not renew replica liveness (%r)", exc)
 
     async def _listen_forever(self) -> None:

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
-from orchestrator.backoff import Backoff, cancel_pending, retried
+from orchestrator.backoff import Backoff, raise_if_cancelled, retried
 from orchestrator.server.encoding import loads
 from orchestrator.server.keys import Keys
 from orchestrator.server.runlease import LEASE_SELF_STOP, LEASE_TTL_MS
@@ -307,14 +307,12 @@ class EventRelay:
                     if not await self._drop_unreadable(streams, by_key):
                         await asyncio.sleep(backoff.next())  # none failed alone: do not spin
                 except (RedisError, OSError) as exc:
-                    if cancel_pending():
-                        raise asyncio.CancelledError from exc
+                    raise_if_cancelled(exc)
                     log.warning("event relay lost Redis (%r); retrying", exc)
                     await asyncio.sleep(backoff.next())
                 continue
             except (RedisError, OSError) as exc:
-                if cancel_pending():  # a cancellation the read turned into an error
-                    raise asyncio.CancelledError from exc
+                raise_if_cancelled(exc)
                 log.warning("event relay lost Redis (%r); retrying", exc)
                 await asyncio.sleep(backoff.next())
                 continue

@@ -28,7 +28,7 @@ import redis.asyncio as aioredis
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from redis.exceptions import RedisError
 
-from orchestrator.backoff import cancel_pending, retried
+from orchestrator.backoff import raise_if_cancelled, retried
 from orchestrator.call import HANDED_ON
 from orchestrator.server.assistant_store import AssistantStore
 from orchestrator.server.control import RENEW_INTERVAL, ReplicaControl
@@ -475,8 +475,7 @@ class RunManager(RunTakeover):
                 if await self.store.cancel_requested(run.run_id):
                     self._cancel_local(run.run_id)
             except (RedisError, OSError) as exc:
-                if cancel_pending():  # a cancellation the call turned into an error
-                    raise asyncio.CancelledError from exc
+                raise_if_cancelled(exc)
                 log.warning("could not renew run %s (%r)", run.run_id, exc)
 
     # -- cancelling, joining -------------------------------------------------------------

@@ -23,7 +23,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from redis.exceptions import RedisError
 
-from orchestrator.backoff import cancel_pending
+from orchestrator.backoff import raise_if_cancelled
 from orchestrator.call import HANDED_ON
 from orchestrator.server.assistant_store import AssistantStore
 from orchestrator.server.errors import AtCapacity, NotFound
@@ -136,8 +136,7 @@ class RunTakeover(RunLookup):
                 renewal = self.leases.renew(list(self._tasks))
                 lost = await asyncio.wait_for(renewal, timeout=LEASE_RENEW)
             except (RedisError, OSError, TimeoutError) as exc:
-                if cancel_pending():  # a cancellation the call turned into an error
-                    raise asyncio.CancelledError from exc
+                raise_if_cancelled(exc)
                 log.warning("could not renew the run leases (%r)", exc)
                 # Before they lapse, this replica's runs stop here: another one takes
                 # them over, and two replicas never go on with one run. On a timer, at
@@ -155,8 +154,7 @@ class RunTakeover(RunLookup):
             try:
                 claimed = await self.leases.claim(self.max_runs - self.active)
             except (RedisError, OSError) as exc:
-                if cancel_pending():  # a cancellation the call turned into an error
-                    raise asyncio.CancelledError from exc
+                raise_if_cancelled(exc)
                 log.warning("could not look for lapsed run leases (%r)", exc)
                 continue
             for run_id, former in claimed:

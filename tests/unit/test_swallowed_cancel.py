@@ -22,11 +22,13 @@ class _SwallowingClient:
 
     def __init__(self) -> None:
         self.reads = 0
+        self.reading = asyncio.Event()
 
     async def xread(self, *args: Any, **kwargs: Any) -> Any:
         self.reads += 1
+        self.reading.set()
         try:
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()  # blocks until cancelled
         except asyncio.CancelledError:
             if self.reads > 1:
                 raise  # only the first (else a loop that misses it would run for ever)
@@ -42,15 +44,15 @@ def test_given_a_read_that_turns_its_cancellation_into_a_timeout_then_the_relay_
     """Given the relay blocked in its read, when it is closed and the read answers the
     cancellation with a Redis timeout, then the relay stops (within 5 s) and reads no
     more (it went on reading, and its close never returned)."""
-    client = _SwallowingClient()
 
-    async def scenario() -> None:
+    async def scenario() -> int:
+        client = _SwallowingClient()  # its event belongs to this loop
         relay = EventRelay(client, client, Keys("test-swallowed:"), "replica-1")  # type: ignore[arg-type]
         await relay.start()
-        while client.reads == 0:
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(client.reading.wait(), timeout=5)
         await asyncio.wait_for(relay.close(), timeout=5)
+        return client.reads
 
-    asyncio.run(scenario())
+    reads = asyncio.run(scenario())
 
-    assert client.reads == 1
+    assert reads == 1
